@@ -1,0 +1,1 @@
+"""Explaining compiled kernels from their artifacts (cubin/PTX); never imports kernel code."""

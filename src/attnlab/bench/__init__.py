@@ -1,0 +1,1 @@
+"""Measuring kernels against their peers: timing, FLOP counts, baselines."""

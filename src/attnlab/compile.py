@@ -1,0 +1,232 @@
+"""Compiling kernels: an in-memory cache for launches, and cross-compilation to artifacts.
+
+* ``get_forward_kernel`` compiles a (config, arch, dtype, head_dim) once per process and reuses
+  it; launches never compile on a timed path once warmed up.
+* ``compile_config`` runs the same compilation on any machine, GPU or not, and writes the
+  PTX and cubin for analysis. CuTe DSL 4.3.5 initialises the CUDA driver in its final host-JIT
+  step, so we stop the compile just before that step with a post-compile hook that pulls the
+  device binary out of the MLIR module (where it sits as an escaped fatbinary string).
+
+Both paths compile against the same signature (raw pointers, sizes and strides; the head dim
+is static), so the cubin we analyse is the one we run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import FlashConfig
+
+DTYPE_NAMES = ("float16", "bfloat16")
+DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
+
+_kernel_cache: dict[tuple, Any] = {}
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Files produced by cross-compiling one kernel."""
+
+    config: FlashConfig
+    arch: str
+    dtype: str
+    head_dim: int
+    cubin: Path
+    ptx: Path | None
+    kernel_name: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"config": self.config.to_dict(), "arch": self.arch, "dtype": self.dtype,
+                "head_dim": self.head_dim, "cubin": str(self.cubin),
+                "ptx": str(self.ptx) if self.ptx else None, "kernel_name": self.kernel_name}
+
+
+class _StopBeforeJit(Exception):
+    """Raised from the post-compile hook once the device binary is in hand."""
+
+
+def dsl_version() -> str:
+    from importlib.metadata import version
+
+    return version("nvidia-cutlass-dsl")
+
+
+def _cutlass_dtype(dtype: str):
+    import cutlass
+
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
+    return cutlass.Float16 if dtype == "float16" else cutlass.BFloat16
+
+
+def _signature(dtype: str, head_dim: int):
+    """Placeholder arguments with the launch signature (values do not matter to compilation)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    elem = _cutlass_dtype(dtype)
+    ptrs = [make_ptr(elem, 0, cute.AddressSpace.gmem, assumed_align=16) for _ in range(4)]
+    lse = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+    sizes = [cutlass.Int32(1)] * 4
+    strides = [tuple(cutlass.Int32(8) for _ in range(3)) for _ in range(4)]
+    return (*ptrs, lse, *sizes, *strides, cutlass.Float32(1.0), make_fake_stream())
+
+
+def launch_args(q, k, v, out, lse, softmax_scale: float, stream):
+    """The kernel's arguments for torch tensors (BSHD q/k/v/out, contiguous fp32 lse)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    elem = _cutlass_dtype(str(q.dtype).removeprefix("torch."))
+    ptrs = [make_ptr(elem, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
+            for t in (q, k, v, out)]
+    lse_ptr = make_ptr(cutlass.Float32, lse.data_ptr(), cute.AddressSpace.gmem, assumed_align=4)
+    batch, seqlen_q, heads, _ = q.shape
+    sizes = [cutlass.Int32(n) for n in (batch, seqlen_q, k.shape[1], heads)]
+    strides = [tuple(cutlass.Int32(s) for s in t.stride()[:3]) for t in (q, k, v, out)]
+    return (*ptrs, lse_ptr, *sizes, *strides, cutlass.Float32(softmax_scale), stream)
+
+
+def _kernel_object(config: FlashConfig, dtype: str, head_dim: int):
+    from attnlab.kernels.sm80.forward import FlashForwardSm80
+
+    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype))
+
+
+def _check(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> None:
+    if not isinstance(config, FlashConfig):
+        raise TypeError(f"config must be a FlashConfig, got {type(config).__name__}")
+    _cutlass_dtype(dtype)
+    config.check_problem(head_dim, arch)
+
+
+def get_forward_kernel(config: FlashConfig, arch: str, dtype: str, head_dim: int):
+    """The compiled, launchable forward kernel (compiled on first use, then cached)."""
+    key = (config, arch, dtype, head_dim, dsl_version())
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        import cutlass.cute as cute
+
+        _check(config, arch, dtype, head_dim)
+        kernel = cute.compile(_kernel_object(config, dtype, head_dim),
+                              *_signature(dtype, head_dim), options=f"--gpu-arch {arch}")
+        _kernel_cache[key] = kernel
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-compilation to artifacts
+# ---------------------------------------------------------------------------------------------
+_BINARY_GLOBAL = re.compile(r'llvm\.mlir\.global[^\n]*@kernels_binary[^\n]*?"((?:[^"\\]|\\.)*)"')
+_MLIR_ESCAPE = re.compile(rb"\\([0-9A-Fa-f]{2}|\\)")
+
+
+def _unescape_mlir(text: str) -> bytes:
+    raw = text.encode("latin-1")
+    return _MLIR_ESCAPE.sub(
+        lambda m: b"\\" if m.group(1) == b"\\" else bytes([int(m.group(1), 16)]), raw
+    )
+
+
+def _field(header: bytes, lo: int, hi: int) -> int:
+    return int.from_bytes(header[lo:hi], "little")
+
+
+def _elf_images(blob: bytes) -> list[bytes]:
+    """Cut the ELF images (cubins) out of a fatbinary by their header-table extents."""
+    images = []
+    start = blob.find(b"\x7fELF")
+    while start >= 0:
+        header = blob[start:start + 64]
+        # The image ends after whichever table comes last: section or program headers.
+        end = start + max(_field(header, 0x28, 0x30) + _field(header, 0x3A, 0x3C)
+                          * _field(header, 0x3C, 0x3E),
+                          _field(header, 0x20, 0x28) + _field(header, 0x36, 0x38)
+                          * _field(header, 0x38, 0x3A))
+        images.append(blob[start:end])
+        start = blob.find(b"\x7fELF", end)
+    return images
+
+
+def _config_digest(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> str:
+    payload = json.dumps([config.to_dict(), arch, dtype, head_dim, dsl_version()],
+                         sort_keys=True)
+    return hashlib.sha1(payload.encode()).hexdigest()[:12]
+
+
+def compile_config(
+    config: FlashConfig,
+    arch: str = "sm_80",
+    *,
+    dtype: str = "bfloat16",
+    head_dim: int = 128,
+    out_dir: str | os.PathLike[str] | None = None,
+) -> Artifacts:
+    """Cross-compile one kernel for ``arch`` (no GPU needed) and write its cubin (and PTX).
+
+    Results are cached on disk by (config, arch, dtype, head_dim, DSL version) under
+    ``out_dir`` (default: a folder in the system temp dir).
+    """
+    _check(config, arch, dtype, head_dim)
+    folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = _config_digest(config, arch, dtype, head_dim)
+    stem = folder / f"fwd_{arch}_{dtype}_d{head_dim}_{digest}"
+    cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
+    if cubin_path.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return Artifacts(config, arch, dtype, head_dim, cubin_path,
+                         ptx_path if ptx_path.exists() else None, meta["kernel_name"])
+
+    blob, ptx = _compile_to_fatbinary(config, arch, dtype, head_dim)
+    images = _elf_images(blob)
+    if not images:
+        raise RuntimeError("the compiled module held no cubin; the CuTe DSL layout changed?")
+    cubin_path.write_bytes(images[0])
+    if ptx is not None:
+        ptx_path.write_text(ptx)
+    names = re.findall(rb"\.text\.([A-Za-z0-9_$]+)", images[0])
+    kernel_name = names[0].decode() if names else "unknown"
+    meta_path.write_text(json.dumps({"kernel_name": kernel_name}))
+    return Artifacts(config, arch, dtype, head_dim, cubin_path,
+                     ptx_path if ptx else None, kernel_name)
+
+
+def _compile_to_fatbinary(
+    config: FlashConfig, arch: str, dtype: str, head_dim: int
+) -> tuple[bytes, str | None]:
+    """The device fatbinary and the PTX of one kernel, stopping before the host JIT."""
+    import cutlass.cute as cute
+    from cutlass.base_dsl.compiler import PostCompileHookContext
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    captured: dict[str, bytes] = {}
+
+    def grab_binary(module) -> None:
+        match = _BINARY_GLOBAL.search(str(module))
+        if match is None:
+            raise RuntimeError("no kernels_binary global in the compiled module")
+        captured["blob"] = _unescape_mlir(match.group(1))
+        raise _StopBeforeJit
+
+    provider = CuTeDSL._get_dsl().compiler_provider
+    with tempfile.TemporaryDirectory() as dump_dir, PostCompileHookContext(provider,
+                                                                           grab_binary):
+        try:
+            cute.compile(_kernel_object(config, dtype, head_dim), *_signature(dtype, head_dim),
+                         options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
+        except Exception:  # the DSL wraps the hook's _StopBeforeJit in its own error type
+            if "blob" not in captured:
+                raise
+        ptx_files = sorted(Path(dump_dir).glob("*.ptx"))
+        ptx = ptx_files[0].read_text() if ptx_files else None
+    return captured["blob"], ptx

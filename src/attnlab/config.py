@@ -1,0 +1,190 @@
+"""The forward-kernel configuration: one frozen dataclass whose knobs are the seeds' kernels 1-7.
+
+A config describes *how* the sm80-path FlashAttention-2 forward kernel is built (tiling, copy
+strategy, shared-memory layout, scheduling of on-chip loads, softmax form); the problem
+(dtype, head dim) is supplied separately when the kernel is compiled, so one config serves
+several problems. Invalid combinations are rejected when the config is built, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+Swizzle = Literal["none", "xor", "pad8"]
+SWIZZLE_MODES: tuple[str, ...] = ("none", "xor", "pad8")
+
+#: Rows/columns of one 16x8x16 ``mma.sync`` along M and along the reduction (K) dimension.
+MMA_M = 16
+MMA_K = 16
+#: An 8x8 ``ldmatrix`` fragment is 8 elements wide: two of them cover one MMA_K step.
+FRAG_COLS = 8
+
+#: Head dims the sm80-path kernel serves.
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = (64, 128)
+SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+
+#: Shared memory a CTA may use (bytes), per target architecture.
+SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
+                 "sm_90": 227 * 1024, "sm_90a": 227 * 1024}
+
+
+class ConfigError(ValueError):
+    """A kernel configuration that cannot be built, with the reason."""
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    """Knobs of the sm80-path FlashAttention-2 forward kernel (named after the seeds).
+
+    Attributes:
+        block_m: B_r, query rows per CTA. A multiple of ``16 * num_warps`` (each warp owns
+            whole 16-row MMA tiles).
+        block_n: B_c, key/value rows per main-loop iteration. A multiple of 16.
+        num_warps: warps per CTA; they split ``block_m`` between them.
+        async_copy: global->shared copies with ``cp.async`` (LDGSTS, L1 bypass) instead of
+            LDG + STS through registers (kernel 1).
+        swizzle: shared-memory layout of the Q/K/V/O tiles: ``"none"`` (row-major, 8-way
+            ldmatrix conflicts), ``"xor"`` (16-byte chunk index XOR row, kernel 2), or
+            ``"pad8"`` (+8 halves of padding per row, the GA104 lab's Observation W).
+        eager_kv_loads: issue the V_j load before S = QK_j^T and the K_{j+1} load before the
+            softmax, so copies overlap math (kernel 3). Needs ``async_copy``.
+        q_frags_per_load, k_frags_per_load, v_frags_per_load: shared->register sub-tiling
+            along the reduction dimension, counted in 8-column ldmatrix fragments (kernel 4).
+            0 loads the whole tile before its MMAs (and, for Q, keeps it in registers for the
+            whole main loop); 2 loads one MMA_K step (two fragments) at a time, interleaved
+            with the MMAs. Any positive even number is a coarser sub-tile.
+        double_buffer_smem_to_rf: issue the ldmatrix of sub-tile s+1 before the MMAs of
+            sub-tile s (kernel 5). Needs at least one sub-tiled operand.
+        fused_softmax: fold the softmax scale and log2(e) into one FFMA feeding exp2
+            (kernel 6); otherwise S is scaled by its own FMUL and exp goes through
+            FADD + FMUL + exp2.
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    async_copy: bool = True
+    swizzle: Swizzle = "xor"
+    eager_kv_loads: bool = True
+    q_frags_per_load: int = 0
+    k_frags_per_load: int = 2
+    v_frags_per_load: int = 2
+    double_buffer_smem_to_rf: bool = True
+    fused_softmax: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ConfigError(f"num_warps must be one of 1, 2, 4, 8, got {self.num_warps}")
+        if self.block_m % (MMA_M * self.num_warps):
+            raise ConfigError(
+                f"block_m={self.block_m} must be a multiple of 16 * num_warps = "
+                f"{MMA_M * self.num_warps}: each warp owns whole 16-row MMA tiles"
+            )
+        if self.block_n % MMA_K or self.block_n > 256:
+            raise ConfigError(f"block_n must be a multiple of 16 up to 256, got {self.block_n}")
+        if self.block_m > 256:
+            raise ConfigError(f"block_m must be at most 256, got {self.block_m}")
+        if self.swizzle not in SWIZZLE_MODES:
+            raise ConfigError(f"swizzle must be one of {SWIZZLE_MODES}, got {self.swizzle!r}")
+        for name in ("q_frags_per_load", "k_frags_per_load", "v_frags_per_load"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0 or value % 2:
+                raise ConfigError(
+                    f"{name} must be 0 (whole tile) or a positive even number of 8-column "
+                    f"fragments (an MMA_K step is two), got {value!r}"
+                )
+        if self.v_frags_per_load and (self.block_n // FRAG_COLS) % self.v_frags_per_load:
+            raise ConfigError(
+                f"v_frags_per_load={self.v_frags_per_load} must divide block_n / 8 = "
+                f"{self.block_n // FRAG_COLS}"
+            )
+        if self.eager_kv_loads and not self.async_copy:
+            raise ConfigError(
+                "eager_kv_loads needs async_copy: a synchronous copy cannot overlap the math"
+            )
+        if self.double_buffer_smem_to_rf and not (
+            self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
+        ):
+            raise ConfigError(
+                "double_buffer_smem_to_rf needs at least one sub-tiled operand "
+                "(a *_frags_per_load > 0): whole-tile loads leave nothing to prefetch"
+            )
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    def replace(self, **changes: object) -> FlashConfig:
+        """A copy with some knobs changed (validated like any new config)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> FlashConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown config keys: {sorted(unknown)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+    def short_name(self) -> str:
+        """The seeds' notation, e.g. ``(64, 64, 4): async+eager+swizzled+load_0_2_0_fragments``."""
+        flags = []
+        if self.async_copy:
+            flags.append("async")
+        if self.eager_kv_loads:
+            flags.append("eager")
+        if self.swizzle == "xor":
+            flags.append("swizzled")
+        elif self.swizzle == "pad8":
+            flags.append("pad8")
+        flags.append(
+            f"load_{self.q_frags_per_load}_{self.k_frags_per_load}_{self.v_frags_per_load}"
+            "_fragments"
+        )
+        if self.double_buffer_smem_to_rf:
+            flags.append("buffer")
+        if self.fused_softmax:
+            flags.append("opt_softmax")
+        return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
+
+    # ----------------------------------------------------------------------------------------
+    def check_problem(self, head_dim: int, arch: str = "sm_80") -> None:
+        """Reject a config that cannot serve ``head_dim`` on ``arch`` (raises ConfigError)."""
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ConfigError(
+                f"head_dim={head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS}"
+            )
+        for name in ("q_frags_per_load", "k_frags_per_load"):
+            value = getattr(self, name)
+            if value and (head_dim // FRAG_COLS) % value:
+                raise ConfigError(
+                    f"{name}={value} must divide head_dim / 8 = {head_dim // FRAG_COLS}"
+                )
+        capacity = SMEM_CAPACITY.get(arch)
+        if capacity is None:
+            raise ConfigError(f"unknown arch {arch!r}; known: {sorted(SMEM_CAPACITY)}")
+        needed = self.smem_bytes(head_dim)
+        if needed > capacity:
+            raise ConfigError(
+                f"{self.short_name()} needs {needed} bytes of shared memory at head_dim="
+                f"{head_dim}; {arch} allows {capacity}"
+            )
+
+    def smem_row_elems(self, head_dim: int) -> int:
+        """Elements per shared-memory row of a Q/K/V tile (padding included)."""
+        return head_dim + (8 if self.swizzle == "pad8" else 0)
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """Shared memory of one CTA: a Q tile and one K and one V tile."""
+        rows = self.block_m + 2 * self.block_n
+        return rows * self.smem_row_elems(head_dim) * elem_bytes

@@ -1,0 +1,62 @@
+"""Shared-memory tile layouts and register-fragment views.
+
+The three shared-memory layouts are the seeds' kernel-1/kernel-2 story in CuTe terms:
+
+* ``none``: plain row-major rows of ``head_dim`` halves. Rows are 128 or 256 bytes, so the eight
+  row addresses of one ``ldmatrix`` phase all start in the same 16-byte bank group: 8-way conflicts.
+* ``xor``: the 16-byte chunk index is XORed with ``row % 8`` inside each 8-row x 64-column atom
+  (``Swizzle<3,3,3>``), so the eight rows of a phase land in eight different bank groups.
+* ``pad8``: each row is padded by 8 halves (16 bytes), which shifts consecutive rows by one bank
+  group: also conflict-free, at the price of 16 bytes of shared memory per row.
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+#: Columns (elements) of one swizzle atom: 64 halves = 128 bytes = the 8 16-byte bank groups.
+SWIZZLE_ATOM_COLS = 64
+
+
+def smem_tile_layout(swizzle: str, rows: int, head_dim: int):
+    """Layout of a ``rows x head_dim`` tile of 16-bit elements in shared memory."""
+    if swizzle == "xor":
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3),
+            0,
+            cute.make_layout((8, SWIZZLE_ATOM_COLS), stride=(SWIZZLE_ATOM_COLS, 1)),
+        )
+        return cute.tile_to_shape(atom, (rows, head_dim), (0, 1))
+    row_elems = head_dim + (8 if swizzle == "pad8" else 0)
+    return cute.make_layout((rows, head_dim), stride=(row_elems, 1))
+
+
+def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """View an MMA accumulator ``((2, 2), MMA_M, MMA_N)`` as ``(rows, cols)`` of this thread.
+
+    In the m16n8 accumulator, value mode ``(c, r)`` holds column pair ``c`` of row half ``r``;
+    regrouping ``(r, MMA_M)`` as rows and ``(c, MMA_N)`` as columns lets the softmax walk one
+    row at a time.
+    """
+    flat = cute.make_layout(acc.layout.shape)
+    mn = cute.make_layout(
+        ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """Reuse the S accumulator's registers as the A operand of the P @ V MMA.
+
+    An m16n8k16 A fragment spans 16 columns, i.e. two n8 accumulator tiles:
+    ``(4, MMA_M, MMA_N)`` becomes ``((4, 2), MMA_M, MMA_N / 2)``. No data moves (the seeds'
+    observation that P never needs a register copy).
+    """
+    divided = cute.logical_divide(acc.layout, (None, None, 2))
+    view = cute.make_layout(
+        ((divided.shape[0], divided.shape[2][0]), divided.shape[1], divided.shape[2][1]),
+        stride=((divided.stride[0], divided.stride[2][0]), divided.stride[1],
+                divided.stride[2][1]),
+    )
+    return cute.make_tensor(acc.iterator, view)

@@ -1,0 +1,73 @@
+"""The seeds' optimization ladder as named configurations of the one sm80-path kernel.
+
+Each step adds one idea to the previous one, as in "Flash Attention from scratch":
+
+=====  ==============================================================================
+k01    base: cp.async, row-major shared memory, whole-tile loads, one load at a time
+k02    + XOR swizzle (no ldmatrix bank conflicts)
+k03    + eager K/V loads (copies in flight during the math)
+k04    + sub-tiled shared->register loads, two fragments at a time, interleaved with MMAs
+k05    + double-buffered shared->register loads
+k06    + FFMA-fused softmax with exp2
+k07    auto-tuned for the GPU at hand (``k07_for(arch)``; ``k07`` is the Hopper entry)
+=====  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from attnlab.config import FlashConfig
+
+k01 = FlashConfig(
+    block_m=64, block_n=64, num_warps=4, async_copy=True, swizzle="none",
+    eager_kv_loads=False, q_frags_per_load=0, k_frags_per_load=0, v_frags_per_load=0,
+    double_buffer_smem_to_rf=False, fused_softmax=False,
+)
+k02 = k01.replace(swizzle="xor")
+k03 = k02.replace(eager_kv_loads=True)
+k04 = k03.replace(q_frags_per_load=2, k_frags_per_load=2, v_frags_per_load=2)
+k05 = k04.replace(double_buffer_smem_to_rf=True)
+k06 = k05.replace(fused_softmax=True)
+
+#: Kernel 7 per architecture family: the best configuration measured on that GPU.
+#: sm_80: the seed's A100 result, (128, 64, 64, 4): load_0_2_0_fragments+opt_softmax.
+#: sm_90: the best of the sweep on an H200 (docs/ladder.md has the search and the numbers).
+TUNED_K07: dict[str, FlashConfig] = {
+    "sm_80": k06.replace(q_frags_per_load=0, v_frags_per_load=0,
+                         double_buffer_smem_to_rf=False),
+    "sm_90": k06.replace(block_m=128),
+}
+
+k07 = TUNED_K07["sm_90"]
+
+LADDER: dict[str, FlashConfig] = {
+    "k01": k01, "k02": k02, "k03": k03, "k04": k04, "k05": k05, "k06": k06, "k07": k07,
+}
+
+#: What each step adds, for tables and plots.
+STEP_NAMES: dict[str, str] = {
+    "k01": "base",
+    "k02": "swizzling",
+    "k03": "eager K/V loads",
+    "k04": "interleaving on-chip loads with MMA",
+    "k05": "double-buffered SMEM->RF loads",
+    "k06": "FFMA-fused softmax",
+    "k07": "auto-tuned",
+}
+
+
+def family(arch: str) -> str:
+    """``sm_90a`` -> ``sm_90``; the Ampere/Ada variants share the ``sm_80`` entry."""
+    return "sm_90" if arch.startswith("sm_9") else "sm_80"
+
+
+def k07_for(arch: str) -> FlashConfig:
+    """Kernel 7 for an architecture: the tuned configuration of its family."""
+    return TUNED_K07[family(arch)]
+
+
+def get(name: str) -> FlashConfig:
+    """A ladder configuration by name (``"k01"`` ... ``"k07"``)."""
+    try:
+        return LADDER[name]
+    except KeyError:
+        raise KeyError(f"unknown ladder config {name!r}; known: {sorted(LADDER)}") from None
