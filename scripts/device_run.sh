@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: GPU tests, then the ladder benchmark (with the k07 sweep at
-# hd128 bf16) and the ladder at fp16 and hd64.
-# Usage (repo root, CuTe DSL wheel carried in .whl/): bash scripts/device_run.sh [pytest args]
-# Full logs and JSON go to $OUT (default ./results); the short tables are printed last.
+# One call on a GPU machine. Usage (repo root, CuTe DSL wheel carried in .whl/):
+#   bash scripts/device_run.sh measure   # GPU tests, ladder, bench (full+causal, MHA and GQA), tune
+#   bash scripts/device_run.sh explain   # attnlab profile (ncu) and roofline
+# Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
+mode=${1:-measure}
 OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:$PWD/src
 fi
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" | tail -5
-bench() { python3 -m attnlab.bench.compare --json "$OUT/$1.json" "${@:2}" >> "$OUT/bench.log" 2>&1; }
-bench ladder_hd128_bf16 --sweep
-bench ladder_hd128_fp16 --dtype float16
-bench ladder_hd64_bf16 --head-dim 64 --heads 32
-cat "$OUT/bench.log"
+export PYTHONUNBUFFERED=1 COLUMNS=150
+export ATTNLAB_TUNE_CACHE=$OUT/tune_cache.json
+log=$OUT/run.log
+attnlab() { python3 -m attnlab "$@" 2>&1 | tee -a "$log"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
+case $mode in
+  measure)
+    python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee -a "$log" | tail -3
+    attnlab ladder --out "$OUT"
+    attnlab bench --out "$OUT"
+    attnlab bench --gqa 4 --dtypes bf16 --out "$OUT/gqa"
+    attnlab tune --seqlens 4096 --max-timed 16
+    # attention() now dispatches to the tuned entry: bench it again (outputs not kept).
+    attnlab bench --quick --impls attnlab --out /tmp/after_tune
+    ;;
+  explain)
+    attnlab profile k07 --out "$OUT"
+    attnlab roofline k02 k07 --out "$OUT"
+    ;;
+  *) echo "unknown mode $mode (measure|explain)"; exit 2 ;;
+esac

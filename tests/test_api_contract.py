@@ -1,66 +1,27 @@
 """attnlab.attention's orchestration on CPU, with dispatch and runtime replaced by recorders.
 
-The real dispatch/runtime need a GPU; here stand-ins record what the API hands them, so the
-contract (which config, which scale, what out and lse look like, when no kernel runs) is tested
-on any machine. The kernel itself is tested against the reference by the GPU tests.
+The real dispatch/runtime need a GPU; here stand-ins (conftest.Recorder) record what the API
+hands them, so the contract (which config, which scale, what out and lse look like, when no
+kernel runs) is tested on any machine. The kernel itself is tested against the reference by the
+GPU tests.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import subprocess
 import sys
 import types
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 import attnlab
 from attnlab import api, reference
-from attnlab.validation import check_inputs
 
-
-class Recorder:
-    """Stand-in for attnlab.dispatch and attnlab.runtime; the launch writes reference results."""
-
-    def __init__(self, default: attnlab.FlashConfig) -> None:
-        self.default = default
-        self.problems: list[object] = []
-        self.launches: list[dict[str, object]] = []
-
-    def arch_of(self, device: torch.device) -> str:
-        return "sm_86"
-
-    def default_config(self, arch: str, problem: object) -> attnlab.FlashConfig:
-        self.problems.append(problem)
-        return self.default
-
-    def launch_forward(self, q, k, v, out, lse, softmax_scale, config) -> None:
-        self.launches.append(
-            dict(q=q, out=out, lse=lse, softmax_scale=softmax_scale, config=config)
-        )
-        want_out, want_lse = reference.attention(
-            q, k, v, softmax_scale=softmax_scale, return_lse=True
-        )
-        out.copy_(want_out)
-        lse.copy_(want_lse)
-
-
-@pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    rec = Recorder(default=attnlab.FlashConfig(block_m=128, block_n=32))
-    dispatch = types.ModuleType("attnlab.dispatch")
-    dispatch.arch_of = rec.arch_of
-    dispatch.default_config = rec.default_config
-    runtime = types.ModuleType("attnlab.runtime")
-    runtime.launch_forward = rec.launch_forward
-    for name, module in (("dispatch", dispatch), ("runtime", runtime)):
-        monkeypatch.setitem(sys.modules, f"attnlab.{name}", module)
-        monkeypatch.setattr(attnlab, name, module, raising=False)
-    # CPU tensors stand in for CUDA ones; every other input rule still applies.
-    monkeypatch.setattr(api, "check_inputs", functools.partial(check_inputs, require_cuda=False))
-    return rec
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 
 def test_default_config_and_scale_reach_the_launch(make_qkv, recorder: Recorder) -> None:
@@ -82,7 +43,8 @@ def test_explicit_config_and_scale_are_used(make_qkv, recorder: Recorder) -> Non
     assert isinstance(out, torch.Tensor)
     assert recorder.problems == []
     (launch,) = recorder.launches
-    assert launch["config"] is config
+    # The config crosses the custom op as its fields: an equal config arrives, not the object.
+    assert launch["config"] == config
     assert launch["softmax_scale"] == 0.5
 
 
@@ -123,9 +85,193 @@ def test_no_keys_gives_zeros_and_minus_inf_without_a_launch(make_qkv, recorder) 
 
 
 # --------------------------------------------------------------------------------------------
+# Masks, GQA and out=
+@pytest.mark.parametrize(
+    ("causal", "window_size", "window"),
+    [
+        (False, (-1, -1), (-1, -1)),
+        (True, (-1, -1), (-1, 0)),
+        (False, (64, 0), (64, 0)),
+        (True, (5, 32), (5, 0)),  # causal sets the right side to 0 and keeps the left
+        (True, [3, -1], (3, 0)),
+        (False, (0, 0), (0, 0)),
+        (False, (4, 7), (4, 7)),
+    ],
+)
+def test_causal_and_window_reach_the_launch_as_one_window(
+    make_qkv, recorder: Recorder, causal: bool, window_size, window: tuple[int, int]
+) -> None:
+    q, k, v = make_qkv(1, 20, 30, 2, 64, seed=2)
+    out, lse = attnlab.attention(q, k, v, causal=causal, window_size=window_size, return_lse=True)
+    (launch,) = recorder.launches
+    assert launch["window"] == window and all(type(side) is int for side in launch["window"])
+    (problem,) = recorder.problems
+    assert problem.window == window
+    assert problem.causal == (window == (-1, 0))
+    want_out, want_lse = reference.attention(
+        q, k, v, causal=causal, window_size=window_size, return_lse=True
+    )
+    torch.testing.assert_close(out.float(), want_out, atol=1e-3, rtol=1e-3)
+    assert torch.equal(lse, want_lse)
+
+
+def test_gqa_hands_the_launch_unexpanded_kv(make_qkv, recorder: Recorder) -> None:
+    q, k, v = make_qkv(2, 9, 11, 8, 64, heads_kv=2, seed=3)
+    out = attnlab.attention(q, k, v)
+    (problem,) = recorder.problems
+    assert (problem.num_heads, problem.num_heads_kv) == (8, 2)
+    (launch,) = recorder.launches
+    assert launch["k"] is k and launch["v"] is v
+    assert out.shape == q.shape
+    torch.testing.assert_close(out.float(), reference.attention(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+def test_out_is_written_and_returned(make_qkv, recorder: Recorder) -> None:
+    q, k, v = make_qkv(2, 8, 12, 4, 64, heads_kv=2, seed=4)
+    out = torch.full_like(q, torch.nan)
+    result, lse = attnlab.attention(q, k, v, causal=True, out=out, return_lse=True)
+    assert result is out
+    (launch,) = recorder.launches
+    assert launch["out"] is out and launch["lse"] is lse
+    assert lse.shape == (2, 4, 8) and lse.dtype == torch.float32
+    want_out, want_lse = reference.attention(q, k, v, causal=True, return_lse=True)
+    torch.testing.assert_close(out.float(), want_out, atol=1e-3, rtol=1e-3)
+    assert torch.equal(lse, want_lse)
+    assert attnlab.attention(q, k, v, out=out) is out
+
+
+def test_out_keeps_its_own_strides(make_qkv, recorder: Recorder) -> None:
+    # A BSHD view of BHSD memory, as sdpa hands over: written in place, not replaced.
+    q, k, v = make_qkv(2, 8, 8, 2, 64, seed=5)
+    out = torch.full((2, 2, 8, 64), torch.nan, dtype=q.dtype).transpose(1, 2)
+    strides = out.stride()
+    assert attnlab.attention(q, k, v, out=out) is out
+    assert out.stride() == strides
+    torch.testing.assert_close(out.float(), reference.attention(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+def test_out_without_keys_is_zeroed(make_qkv, recorder: Recorder) -> None:
+    q, k, v = make_qkv(2, 5, 0, 3, 64)
+    out = torch.full_like(q, torch.nan)
+    assert attnlab.attention(q, k, v, out=out) is out
+    assert torch.equal(out, torch.zeros_like(out))
+    assert recorder.launches == []
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_out_overlapping_an_input_is_refused_before_the_launch(
+    make_qkv, recorder: Recorder, which: str
+) -> None:
+    args = dict(zip("qkv", make_qkv(), strict=True))
+    with pytest.raises(ValueError, match=f"^out must not overlap the memory of {which}"):
+        attnlab.attention(**args, out=args[which])
+    assert recorder.launches == []
+
+
+def test_out_interleaved_with_an_input_is_refused(recorder: Recorder) -> None:
+    # out and q share no element, but out lies within q's address range: refused, as documented.
+    packed = torch.randn(2, 16, 4, 2, 64).half()
+    q, k, v, out = packed.unbind(dim=2)
+    with pytest.raises(ValueError, match="^out must not overlap the memory of q"):
+        attnlab.attention(q, k.clone(), v.clone(), out=out)
+    assert recorder.launches == []
+
+
+def test_misaligned_input_is_refused_before_the_launch(make_qkv, recorder: Recorder) -> None:
+    q, k, v = make_qkv()
+    shifted = torch.randn(q.numel() + 1).half()[1:].view(q.shape)
+    with pytest.raises(ValueError, match="^q must start on a 16-byte boundary"):
+        attnlab.attention(shifted, k, v)
+    assert recorder.launches == []
+
+
+# --------------------------------------------------------------------------------------------
+# Varlen
+def test_varlen_reaches_the_launch(make_varlen, recorder: Recorder) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen(
+        [3, 0, 7, 5, 2], [4, 6, 0, 9, 1], heads=4, heads_kv=2, seed=6
+    )
+    out, lse = attnlab.attention_varlen(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=True, softmax_scale=0.2, return_lse=True
+    )
+    (problem,) = recorder.problems
+    assert (problem.batch, problem.seqlen_q, problem.seqlen_k) == (5, 7, 9)
+    assert (problem.num_heads, problem.num_heads_kv, problem.varlen) == (4, 2, True)
+    (launch,) = recorder.launches
+    assert launch["cu_seqlens_q"] is cu_q and launch["cu_seqlens_k"] is cu_k
+    assert (launch["max_seqlen_q"], launch["max_seqlen_k"]) == (7, 9)
+    assert launch["window"] == (-1, 0) and launch["softmax_scale"] == 0.2
+    assert launch["out"] is out and launch["lse"] is lse
+    assert out.shape == (17, 4, 64) and out.dtype == torch.float16
+    assert lse.shape == (4, 17) and lse.dtype == torch.float32
+    want_out, want_lse = reference.attention_varlen(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=True, softmax_scale=0.2, return_lse=True
+    )
+    torch.testing.assert_close(out.float(), want_out, atol=1e-3, rtol=1e-3)
+    assert torch.equal(lse, want_lse)
+
+
+def test_varlen_dense_launch_gets_no_varlen_arguments(make_qkv, recorder: Recorder) -> None:
+    attnlab.attention(*make_qkv())
+    (launch,) = recorder.launches
+    assert launch["cu_seqlens_q"] is launch["cu_seqlens_k"] is None
+    assert launch["max_seqlen_q"] is launch["max_seqlen_k"] is None
+    assert launch["window"] == (-1, -1)
+
+
+def test_varlen_out_is_written_and_returned(make_varlen, recorder: Recorder) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen([5, 3], [2, 8], seed=7)
+    out = torch.full_like(q, torch.nan)
+    assert attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out) is out
+    want = reference.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+    torch.testing.assert_close(out.float(), want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("seqlens_q", "seqlens_k"), [([3, 4], [0, 0]), ([], []), ([0, 0], [5, 1])],
+    ids=["no-keys", "no-sequences", "no-queries"],
+)
+def test_varlen_without_work_launches_nothing(
+    make_varlen, recorder: Recorder, seqlens_q: list[int], seqlens_k: list[int]
+) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen(seqlens_q, seqlens_k, heads=3)
+    out, lse = attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (3, q.shape[0])
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.full_like(lse, -torch.inf))
+    assert recorder.launches == [] and recorder.problems == []
+
+
+def test_varlen_offsets_are_read_only_on_request(
+    make_varlen, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple] = []
+    monkeypatch.setattr(api, "check_cu_seqlens_values", lambda *args: calls.append(args))
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen([2, 3], [4, 1])
+    attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+    assert calls == []
+    attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, check_cu_seqlens=True)
+    assert calls == [(cu_q, cu_k, 5, 5, 3, 4)]
+
+
+def test_varlen_bad_offsets_are_refused_when_checked(make_varlen, recorder: Recorder) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen([2, 3], [4, 1])
+    with pytest.raises(ValueError, match="max_seqlen_k = 3 is below the longest sequence"):
+        attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, 3, check_cu_seqlens=True)
+    assert recorder.launches == []
+
+
+def test_varlen_refuses_a_config_that_is_not_a_flash_config(make_varlen) -> None:
+    with pytest.raises(TypeError, match="^config must be an attnlab.FlashConfig or None"):
+        attnlab.attention_varlen(*make_varlen([2], [2]), config="k07")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
 def test_public_names() -> None:
     assert attnlab.__version__ == "0.1.0"
     assert attnlab.attention is api.attention
+    assert attnlab.attention_varlen is api.attention_varlen
+    assert attnlab.sdpa is sys.modules["attnlab.sdpa"].sdpa
     assert attnlab.reference is reference
     assert issubclass(attnlab.ConfigError, ValueError)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):

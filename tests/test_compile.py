@@ -21,12 +21,16 @@ def artifact_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")
 
 
-def expected_hmma(cfg: FlashConfig, head_dim: int) -> int:
-    """m16n8k16 MMAs per warp in one main-loop iteration: S = Q K^T plus O += P V."""
+def expected_hmma(cfg: FlashConfig, head_dim: int, windowed: bool = False) -> int:
+    """Static m16n8k16 MMAs per warp: S = Q K^T plus O += P V in each copy of the loop body.
+
+    The main loop runs in mask phases, each its own (not unrolled) loop: unmasked blocks and
+    masked tail blocks, plus the window's left-edge blocks when windowed.
+    """
     m_tiles = cfg.block_m // cfg.num_warps // 16
     s_gemm = m_tiles * (cfg.block_n // 8) * (head_dim // 16)
     o_gemm = m_tiles * (head_dim // 8) * (cfg.block_n // 16)
-    return s_gemm + o_gemm
+    return (s_gemm + o_gemm) * (3 if windowed else 2)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -40,7 +44,7 @@ def test_ladder_config_cross_compiles(name, arch, artifact_dir):
     assert ("cp.async" in ptx) == cfg.async_copy
     sass_text = disassemble(art.cubin)
     ops = histogram(parse(sass_text))
-    # The main loop is a real loop (not unrolled), so each MMA appears once.
+    # The main loop's phases are real loops (not unrolled): each MMA appears once per phase.
     assert ops["HMMA"] == expected_hmma(cfg, 128)
     assert ops["LDSM"] > 0
     assert (ops["LDGSTS"] > 0) == cfg.async_copy
@@ -88,8 +92,30 @@ def test_compile_config_caches_on_disk(artifact_dir):
 
 def test_compile_config_rejects_bad_problems(artifact_dir):
     with pytest.raises(ValueError, match="head_dim"):
-        compile_config(ladder.k02, "sm_80", head_dim=96, out_dir=artifact_dir)
+        compile_config(ladder.k02, "sm_80", head_dim=80, out_dir=artifact_dir)
     with pytest.raises(ValueError, match="dtype"):
         compile_config(ladder.k02, "sm_80", dtype="float32", out_dir=artifact_dir)
     with pytest.raises(TypeError, match="FlashConfig"):
         compile_config("k02", "sm_80", out_dir=artifact_dir)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
+def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artifact_dir):
+    cfg = ladder.k07_for("sm_90a", head_dim)
+    art = compile_config(cfg, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
+    sass_text = disassemble(art.cubin)
+    assert histogram(parse(sass_text))["HMMA"] == expected_hmma(cfg, head_dim)
+    assert not read_resources(art.cubin, sass_text).spills
+
+
+@pytest.mark.parametrize("windowed,varlen", [(True, False), (False, True)])
+def test_variants_keep_one_main_loop(windowed, varlen, artifact_dir):
+    """Causal/window and varlen are compile-time variants of the same kernel: the window adds
+    one masked phase (its left edge), and plain attention's binary is not the variant's."""
+    cfg = ladder.k06
+    plain = compile_config(cfg, "sm_80", head_dim=64, out_dir=artifact_dir)
+    variant = compile_config(cfg, "sm_80", head_dim=64, windowed=windowed, varlen=varlen,
+                             out_dir=artifact_dir)
+    assert variant.cubin != plain.cubin
+    ops = histogram(parse(disassemble(variant.cubin)))
+    assert ops["HMMA"] == expected_hmma(cfg, 64, windowed)

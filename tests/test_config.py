@@ -130,10 +130,16 @@ def test_default_config_serves_supported_problems(head_dim: int, arch: str) -> N
     FlashConfig().check_problem(head_dim, arch)
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("head_dim", [16, 40, 80, 136, 264])
 def test_check_problem_rejects_unsupported_head_dim(head_dim: int) -> None:
-    with pytest.raises(ConfigError, match=rf"head_dim={head_dim} is not supported.*\(64, 128\)"):
+    with pytest.raises(ConfigError, match=rf"head_dim={head_dim} is not supported.*"
+                                          r"\(32, 64, 96, 128, 192, 256\)"):
         FlashConfig().check_problem(head_dim)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+def test_check_problem_accepts_supported_head_dims(head_dim: int) -> None:
+    FlashConfig(block_m=64, block_n=64).check_problem(head_dim)
 
 
 def test_check_problem_rejects_smem_overflow() -> None:

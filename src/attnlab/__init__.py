@@ -9,12 +9,21 @@ from __future__ import annotations
 import importlib
 
 from attnlab import reference
-from attnlab.api import attention
+from attnlab.api import attention, attention_varlen
 from attnlab.config import ConfigError, FlashConfig
+from attnlab.sdpa import sdpa
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "FlashConfig", "__version__", "attention", "reference"]
+__all__ = [
+    "ConfigError",
+    "FlashConfig",
+    "__version__",
+    "attention",
+    "attention_varlen",
+    "reference",
+    "sdpa",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -66,7 +66,7 @@ def _cutlass_dtype(dtype: str):
     return cutlass.Float16 if dtype == "float16" else cutlass.BFloat16
 
 
-def _signature(dtype: str, head_dim: int):
+def _signature(dtype: str):
     """Placeholder arguments with the launch signature (values do not matter to compilation)."""
     import cutlass
     import cutlass.cute as cute
@@ -75,31 +75,75 @@ def _signature(dtype: str, head_dim: int):
     elem = _cutlass_dtype(dtype)
     ptrs = [make_ptr(elem, 0, cute.AddressSpace.gmem, assumed_align=16) for _ in range(4)]
     lse = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
-    sizes = [cutlass.Int32(1)] * 4
-    strides = [tuple(cutlass.Int32(8) for _ in range(3)) for _ in range(4)]
-    return (*ptrs, lse, *sizes, *strides, cutlass.Float32(1.0), make_fake_stream())
+    cu = [make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4) for _ in range(2)]
+
+    def ints(n: int, value: int = 8) -> tuple:
+        return tuple(cutlass.Int32(value) for _ in range(n))
+
+    return (*ptrs, lse, *cu, ints(3), ints(3), ints(3), ints(3), ints(3), ints(3), ints(2),
+            cutlass.Int32(1), cutlass.Int32(1), ints(2), cutlass.Float32(1.0),
+            make_fake_stream())
 
 
-def launch_args(q, k, v, out, lse, softmax_scale: float, stream):
-    """The kernel's arguments for torch tensors (BSHD q/k/v/out, contiguous fp32 lse)."""
+def launch_args(q, k, v, out, lse, softmax_scale: float, stream, *,
+                window: tuple[int, int] = (-1, -1), cu_seqlens_q=None, cu_seqlens_k=None,
+                max_seqlen_q: int | None = None) -> tuple:
+    """The kernel's arguments for torch tensors.
+
+    Dense: q/out ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]``, lse ``[B, Hq, Sq]``. Varlen
+    (``cu_seqlens_*`` given): q/out ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]``, lse
+    ``[Hq, total_q]``, as one batch of packed rows. A window side < 0 is unbounded.
+    """
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
+
+    from attnlab.kernels.common.mask import UNBOUNDED
+
+    def ints(values) -> tuple:
+        return tuple(cutlass.Int32(int(x)) for x in values)
 
     elem = _cutlass_dtype(str(q.dtype).removeprefix("torch."))
     ptrs = [make_ptr(elem, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
             for t in (q, k, v, out)]
     lse_ptr = make_ptr(cutlass.Float32, lse.data_ptr(), cute.AddressSpace.gmem, assumed_align=4)
-    batch, seqlen_q, heads, _ = q.shape
-    sizes = [cutlass.Int32(n) for n in (batch, seqlen_q, k.shape[1], heads)]
-    strides = [tuple(cutlass.Int32(s) for s in t.stride()[:3]) for t in (q, k, v, out)]
-    return (*ptrs, lse_ptr, *sizes, *strides, cutlass.Float32(softmax_scale), stream)
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        # A batch of one, with no batch stride: sequences are located by cu_seqlens.
+        def shape(t):
+            return (1, t.shape[0], t.shape[1])
+
+        def strides(t):
+            return (0, t.stride(0), t.stride(1))
+
+        lse_strides = (0, lse.stride(0))
+        cu = [make_ptr(cutlass.Int32, c.data_ptr(), cute.AddressSpace.gmem, assumed_align=4)
+              for c in (cu_seqlens_q, cu_seqlens_k)]
+        num_seqs, rows = cu_seqlens_q.shape[0] - 1, max_seqlen_q
+    else:
+        def shape(t):
+            return t.shape[:3]
+
+        def strides(t):
+            return t.stride()[:3]
+
+        lse_strides = lse.stride()[:2]
+        # Unused by the dense kernel; any valid pointer keeps the signature.
+        cu = [make_ptr(cutlass.Int32, lse.data_ptr(), cute.AddressSpace.gmem,
+                       assumed_align=4)] * 2
+        num_seqs, rows = q.shape[0], q.shape[1]
+    left, right = (UNBOUNDED if side < 0 else side for side in window)
+    return (*ptrs, lse_ptr, *cu, ints(shape(q)), ints(shape(k)),
+            *(ints(strides(t)) for t in (q, k, v, out)), ints(lse_strides),
+            cutlass.Int32(num_seqs), cutlass.Int32(rows), ints((left, right)),
+            cutlass.Float32(softmax_scale), stream)
 
 
-def _kernel_object(config: FlashConfig, dtype: str, head_dim: int):
+def _kernel_object(config: FlashConfig, dtype: str, head_dim: int, windowed: bool,
+                   varlen: bool):
     from attnlab.kernels.sm80.forward import FlashForwardSm80
 
-    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype))
+    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype), windowed, varlen)
 
 
 def _check(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> None:
@@ -109,16 +153,17 @@ def _check(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> None:
     config.check_problem(head_dim, arch)
 
 
-def get_forward_kernel(config: FlashConfig, arch: str, dtype: str, head_dim: int):
+def get_forward_kernel(config: FlashConfig, arch: str, dtype: str, head_dim: int, *,
+                       windowed: bool = False, varlen: bool = False):
     """The compiled, launchable forward kernel (compiled on first use, then cached)."""
-    key = (config, arch, dtype, head_dim, dsl_version())
+    key = (config, arch, dtype, head_dim, windowed, varlen, dsl_version())
     kernel = _kernel_cache.get(key)
     if kernel is None:
         import cutlass.cute as cute
 
         _check(config, arch, dtype, head_dim)
-        kernel = cute.compile(_kernel_object(config, dtype, head_dim),
-                              *_signature(dtype, head_dim), options=f"--gpu-arch {arch}")
+        kernel = cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen),
+                              *_signature(dtype), options=f"--gpu-arch {arch}")
         _kernel_cache[key] = kernel
     return kernel
 
@@ -157,9 +202,10 @@ def _elf_images(blob: bytes) -> list[bytes]:
     return images
 
 
-def _config_digest(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> str:
-    payload = json.dumps([config.to_dict(), arch, dtype, head_dim, dsl_version()],
-                         sort_keys=True)
+def _config_digest(config: FlashConfig, arch: str, dtype: str, head_dim: int, windowed: bool,
+                   varlen: bool) -> str:
+    payload = json.dumps([config.to_dict(), arch, dtype, head_dim, windowed, varlen,
+                          dsl_version()], sort_keys=True)
     return hashlib.sha1(payload.encode()).hexdigest()[:12]
 
 
@@ -169,25 +215,29 @@ def compile_config(
     *,
     dtype: str = "bfloat16",
     head_dim: int = 128,
+    windowed: bool = False,
+    varlen: bool = False,
     out_dir: str | os.PathLike[str] | None = None,
 ) -> Artifacts:
     """Cross-compile one kernel for ``arch`` (no GPU needed) and write its cubin (and PTX).
 
-    Results are cached on disk by (config, arch, dtype, head_dim, DSL version) under
+    ``windowed`` / ``varlen`` select the causal-or-sliding-window and packed-sequence variants.
+    Results are cached on disk by (config, arch, dtype, head_dim, variant, DSL version) under
     ``out_dir`` (default: a folder in the system temp dir).
     """
     _check(config, arch, dtype, head_dim)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    digest = _config_digest(config, arch, dtype, head_dim)
-    stem = folder / f"fwd_{arch}_{dtype}_d{head_dim}_{digest}"
+    digest = _config_digest(config, arch, dtype, head_dim, windowed, varlen)
+    variant = ("_win" if windowed else "") + ("_varlen" if varlen else "")
+    stem = folder / f"fwd_{arch}_{dtype}_d{head_dim}{variant}_{digest}"
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
     if cubin_path.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
         return Artifacts(config, arch, dtype, head_dim, cubin_path,
                          ptx_path if ptx_path.exists() else None, meta["kernel_name"])
 
-    blob, ptx = _compile_to_fatbinary(config, arch, dtype, head_dim)
+    blob, ptx = _compile_to_fatbinary(config, arch, dtype, head_dim, windowed, varlen)
     images = _elf_images(blob)
     if not images:
         raise RuntimeError("the compiled module held no cubin; the CuTe DSL layout changed?")
@@ -202,7 +252,7 @@ def compile_config(
 
 
 def _compile_to_fatbinary(
-    config: FlashConfig, arch: str, dtype: str, head_dim: int
+    config: FlashConfig, arch: str, dtype: str, head_dim: int, windowed: bool, varlen: bool
 ) -> tuple[bytes, str | None]:
     """The device fatbinary and the PTX of one kernel, stopping before the host JIT."""
     import cutlass.cute as cute
@@ -222,7 +272,8 @@ def _compile_to_fatbinary(
     with tempfile.TemporaryDirectory() as dump_dir, PostCompileHookContext(provider,
                                                                            grab_binary):
         try:
-            cute.compile(_kernel_object(config, dtype, head_dim), *_signature(dtype, head_dim),
+            cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen),
+                         *_signature(dtype),
                          options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
         except Exception:  # the DSL wraps the hook's _StopBeforeJit in its own error type
             if "blob" not in captured:

@@ -21,8 +21,8 @@ MMA_K = 16
 #: An 8x8 ``ldmatrix`` fragment is 8 elements wide: two of them cover one MMA_K step.
 FRAG_COLS = 8
 
-#: Head dims the sm80-path kernel serves.
-SUPPORTED_HEAD_DIMS: tuple[int, ...] = (64, 128)
+#: Head dims the sm80-path kernel serves (MMA tiles need multiples of 16; the swizzle atom 32).
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
 #: Shared memory a CTA may use (bytes), per target architecture.
@@ -60,6 +60,8 @@ class FlashConfig:
         fused_softmax: fold the softmax scale and log2(e) into one FFMA feeding exp2
             (kernel 6); otherwise S is scaled by its own FMUL and exp goes through
             FADD + FMUL + exp2.
+        reverse_kv: walk the K/V blocks from the last to the first (kernel 13), so the masked
+            tail / causal diagonal block comes first.
     """
 
     block_m: int = 64
@@ -73,6 +75,7 @@ class FlashConfig:
     v_frags_per_load: int = 2
     double_buffer_smem_to_rf: bool = True
     fused_softmax: bool = True
+    reverse_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -155,6 +158,8 @@ class FlashConfig:
             flags.append("buffer")
         if self.fused_softmax:
             flags.append("opt_softmax")
+        if self.reverse_kv:
+            flags.append("reverse_kv")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------

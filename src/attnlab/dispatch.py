@@ -1,6 +1,8 @@
 """Which kernel configuration serves a problem on a GPU.
 
-Today: the tuned kernel-7 entry of the GPU's architecture family (``attnlab.ladder``).
+The tuning cache's entry for (GPU, capability, dtype, head dim, causal, seqlen bucket) when
+``attnlab tune`` wrote one; otherwise the built-in kernel-7 entry of the GPU's architecture
+family (``attnlab.ladder``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from attnlab.ladder import k07_for
 if TYPE_CHECKING:
     import torch
 
+    from attnlab.tune.cache import TuneCache, TuneKey
     from attnlab.validation import Problem
 
 _ARCH_BY_CAPABILITY = {(8, 0): "sm_80", (8, 6): "sm_86", (8, 7): "sm_86", (8, 9): "sm_89",
                        (9, 0): "sm_90a"}
+
+_cache: TuneCache | None = None
 
 
 def arch_of(device: torch.device) -> str:
@@ -36,7 +41,35 @@ def arch_of(device: torch.device) -> str:
     return arch
 
 
-def default_config(arch: str, problem: Problem) -> FlashConfig:
+def tune_key(device: torch.device, dtype: str, head_dim: int, seqlen_q: int,
+             causal: bool = False) -> TuneKey:
+    """The tuning-cache key of a problem on a device."""
+    import torch
+
+    from attnlab.tune.cache import TuneKey, seqlen_bucket
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return TuneKey(torch.cuda.get_device_name(device), f"{major}{minor}", dtype, head_dim,
+                   causal, seqlen_bucket(seqlen_q))
+
+
+def tune_cache() -> TuneCache:
+    """The tuning cache, read once per process (``attnlab tune`` refreshes it via ``reload``)."""
+    global _cache
+    if _cache is None:
+        from attnlab.tune.cache import TuneCache
+
+        _cache = TuneCache()
+    return _cache
+
+
+def reload_tune_cache() -> None:
+    global _cache
+    _cache = None
+
+
+def default_config(device: torch.device, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses when the caller gives none."""
-    del problem  # one entry per architecture family for now; head-dim entries come with tuning
-    return k07_for(arch)
+    dtype = str(problem.dtype).removeprefix("torch.")
+    tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q))
+    return tuned if tuned is not None else k07_for(arch_of(device), problem.head_dim)

@@ -60,9 +60,17 @@ def family(arch: str) -> str:
     return "sm_90" if arch.startswith("sm_9") else "sm_80"
 
 
-def k07_for(arch: str) -> FlashConfig:
-    """Kernel 7 for an architecture: the tuned configuration of its family."""
-    return TUNED_K07[family(arch)]
+#: Head dims where kernel 7's 32 rows per warp would spill (O alone is D fp32 registers per
+#: row pair): 16 rows per warp (block_m = 64) keeps them spill-free (tests/test_compile.py).
+SIXTEEN_ROWS_PER_WARP = (96, 192, 256)
+
+
+def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
+    """Kernel 7 for an architecture (and head dim): the tuned configuration of its family."""
+    config = TUNED_K07[family(arch)]
+    if head_dim in SIXTEEN_ROWS_PER_WARP:
+        config = config.replace(block_m=64)
+    return config
 
 
 def get(name: str) -> FlashConfig:
@@ -71,3 +79,17 @@ def get(name: str) -> FlashConfig:
         return LADDER[name]
     except KeyError:
         raise KeyError(f"unknown ladder config {name!r}; known: {sorted(LADDER)}") from None
+
+
+def resolve(spec: str) -> FlashConfig:
+    """A config from a ladder name (``k07``) or a JSON file of ``FlashConfig`` fields."""
+    import json
+    from pathlib import Path
+
+    if spec in LADDER:
+        return LADDER[spec]
+    path = Path(spec)
+    if path.suffix == ".json" and path.exists():
+        return FlashConfig.from_dict(json.loads(path.read_text()))
+    raise KeyError(f"{spec!r} is neither a ladder config ({', '.join(LADDER)}) nor a JSON file "
+                   "of FlashConfig fields")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -32,25 +33,55 @@ def summarize(samples_ms: list[float]) -> Timing:
                   len(samples_ms))
 
 
-def time_cuda(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,
-              rotations: int = 1) -> Timing:
-    """Time ``fn`` with one pair of CUDA events per call, after ``warmup`` untimed calls."""
-    import torch
+class Clock(Protocol):
+    """Marks points in a stream of work and measures between them (CUDA events, or a fake)."""
 
+    def mark(self) -> object: ...
+
+    def wait(self) -> None: ...
+
+    def elapsed_ms(self, start: object, stop: object) -> float: ...
+
+
+class CudaEventClock:
+    """CUDA events on the current stream: device time, not host time."""
+
+    def mark(self) -> object:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def elapsed_ms(self, start: object, stop: object) -> float:
+        return start.elapsed_time(stop)  # type: ignore[attr-defined]
+
+
+def time_calls(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,
+               rotations: int = 1, clock: Clock | None = None) -> Timing:
+    """Time ``fn`` with a pair of marks per call, after ``warmup`` untimed calls.
+
+    Marks are read only after the last call, so timing never synchronises between calls.
+    """
     if runs < 1 or warmup < 0 or rotations < 1:
         raise ValueError(f"need runs >= 1, warmup >= 0, rotations >= 1; got {runs}, {warmup}, "
                          f"{rotations}")
+    clock = clock if clock is not None else CudaEventClock()
     for i in range(warmup):
         fn(i % rotations)
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(runs)]
-    for i, (start, stop) in enumerate(events):
-        start.record()
+    clock.wait()
+    marks = []
+    for i in range(runs):
+        start = clock.mark()
         fn(i % rotations)
-        stop.record()
-    torch.cuda.synchronize()
-    return summarize([start.elapsed_time(stop) for start, stop in events])
+        marks.append((start, clock.mark()))
+    clock.wait()
+    return summarize([clock.elapsed_ms(start, stop) for start, stop in marks])
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,

@@ -5,7 +5,8 @@ The three shared-memory layouts are the seeds' kernel-1/kernel-2 story in CuTe t
 * ``none``: plain row-major rows of ``head_dim`` halves. Rows are 128 or 256 bytes, so the eight
   row addresses of one ``ldmatrix`` phase all start in the same 16-byte bank group: 8-way conflicts.
 * ``xor``: the 16-byte chunk index is XORed with ``row % 8`` inside each 8-row x 64-column atom
-  (``Swizzle<3,3,3>``), so the eight rows of a phase land in eight different bank groups.
+  (``Swizzle<3,3,3>``), so the eight rows of a phase land in eight different bank groups. Head
+  dims that are not a multiple of 64 (32, 96) use 32-column atoms (``Swizzle<2,3,3>``).
 * ``pad8``: each row is padded by 8 halves (16 bytes), which shifts consecutive rows by one bank
   group: also conflict-free, at the price of 16 bytes of shared memory per row.
 """
@@ -14,17 +15,21 @@ from __future__ import annotations
 
 import cutlass.cute as cute
 
-#: Columns (elements) of one swizzle atom: 64 halves = 128 bytes = the 8 16-byte bank groups.
-SWIZZLE_ATOM_COLS = 64
+
+def atom_cols(head_dim: int) -> int:
+    """Columns of one swizzle atom: 64 halves (128 bytes, all 8 bank groups) when the head dim
+    allows, else 32."""
+    return 64 if head_dim % 64 == 0 else 32
 
 
 def smem_tile_layout(swizzle: str, rows: int, head_dim: int):
     """Layout of a ``rows x head_dim`` tile of 16-bit elements in shared memory."""
     if swizzle == "xor":
+        cols = atom_cols(head_dim)
         atom = cute.make_composed_layout(
-            cute.make_swizzle(3, 3, 3),
+            cute.make_swizzle(3 if cols == 64 else 2, 3, 3),
             0,
-            cute.make_layout((8, SWIZZLE_ATOM_COLS), stride=(SWIZZLE_ATOM_COLS, 1)),
+            cute.make_layout((8, cols), stride=(cols, 1)),
         )
         return cute.tile_to_shape(atom, (rows, head_dim), (0, 1))
     row_elems = head_dim + (8 if swizzle == "pad8" else 0)

@@ -44,35 +44,45 @@ class OnlineSoftmax:
     scale: cutlass.Float32
     scale_log2: cutlass.Float32
     fused: cutlass.Constexpr
+    #: Rows may see no key at all (windows, empty sequences): keep -inf maxima out of exp2
+    #: and zero sums out of the division. Off for plain attention, whose SASS stays lean.
+    guard_empty_rows: cutlass.Constexpr
 
     @classmethod
-    def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool) -> "OnlineSoftmax":
+    def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
+               guard_empty_rows: bool) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
-        return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused)
+        return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
+                   guard_empty_rows)
 
-    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor) -> None:
+    @cute.jit
+    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor):
         """Turn the S tile into P (in place) and rescale O for the new row maxima."""
         s_mn = acc_mn_view(acc_s)
         o_mn = acc_mn_view(acc_o)
-        for r in range(cute.size(self.row_max)):
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
             row = s_mn[r, None].load()
-            if not self.fused:
+            if cutlass.const_expr(not self.fused):
                 row = row * self.scale
             tile_max = quad_allreduce(
                 row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax
             )
             m_old = self.row_max[r]
             m_new = cute.arch.fmax(m_old, tile_max)
-            if self.fused:
-                max_scaled = m_new * self.scale_log2
+            # A row with every key masked so far: subtract 0, not -inf (exp2(-inf + inf) = NaN).
+            m_exp = m_new
+            if cutlass.const_expr(self.guard_empty_rows):
+                m_exp = cutlass.Float32(0.0) if m_new == -cutlass.Float32.inf else m_new
+            if cutlass.const_expr(self.fused):
+                max_scaled = m_exp * self.scale_log2
                 p = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
                 correction = cute.math.exp2(m_old * self.scale_log2 - max_scaled, fastmath=True)
             else:
-                p = cute.math.exp2((row - m_new) * LOG2_E, fastmath=True)
-                correction = cute.math.exp2((m_old - m_new) * LOG2_E, fastmath=True)
+                p = cute.math.exp2((row - m_exp) * LOG2_E, fastmath=True)
+                correction = cute.math.exp2((m_old - m_exp) * LOG2_E, fastmath=True)
             self.row_max[r] = m_new
             self.row_sum[r] = self.row_sum[r] * correction + p.reduce(
                 cute.ReductionOp.ADD, cutlass.Float32.zero, 0
@@ -80,11 +90,18 @@ class OnlineSoftmax:
             s_mn[r, None] = p
             o_mn[r, None] = o_mn[r, None].load() * correction
 
-    def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor) -> None:
+    @cute.jit
+    def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor):
         """Normalise O by the row sums and write each row's natural-log LSE into ``lse``."""
         o_mn = acc_mn_view(acc_o)
-        for r in range(cute.size(self.row_max)):
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
             total = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
-            o_mn[r, None] = o_mn[r, None].load() * cute.arch.rcp_approx(total)
-            max_term = self.row_max[r] * self.scale if self.fused else self.row_max[r]
+            inverse = cute.arch.rcp_approx(total)
+            if cutlass.const_expr(self.guard_empty_rows):
+                # No key: O stays 0 (not 0 * inf) and the LSE below is log(0) = -inf.
+                inverse = cutlass.Float32(0.0) if total == 0.0 else inverse
+            o_mn[r, None] = o_mn[r, None].load() * inverse
+            max_term = self.row_max[r]
+            if cutlass.const_expr(self.fused):
+                max_term = max_term * self.scale
             lse[r] = max_term + cute.math.log2(total, fastmath=True) * LN_2

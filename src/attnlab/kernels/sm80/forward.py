@@ -19,6 +19,14 @@ Every knob of the seeds' kernels 1-7 is a compile-time branch of this one kernel
 Tail tiles need no divisibility: Q rows past Sq and K/V rows past Sk are zero-filled in shared
 memory (never read from global memory), key columns past Sk are masked to -inf in the last
 tile, and O/LSE rows past Sq are not stored.
+
+Beyond the ladder (compile-time variants, so plain attention pays nothing for them):
+
+* ``windowed``: causal / sliding-window attention (``kernels/common/mask.py``): K/V blocks
+  outside the band are skipped, and only blocks crossing a band edge are masked.
+* ``varlen``: packed ``[total, H, D]`` sequences located by ``cu_seqlens``; a CTA past the end
+  of its sequence does no work.
+* GQA/MQA (always): query head ``h`` reads K/V head ``h // (Hq / Hkv)``; nothing is copied.
 """
 
 
@@ -28,13 +36,17 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.config import FRAG_COLS, MMA_K, FlashConfig
-from attnlab.kernels.common.layouts import acc_as_operand_a, acc_mn_view, smem_tile_layout
+from attnlab.kernels.common.layouts import (
+    acc_as_operand_a,
+    acc_mn_view,
+    atom_cols,
+    smem_tile_layout,
+)
+from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
 
 #: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
 COPY_BITS = 128
-#: Threads that cover one 64-column stretch of a row with 16-byte copies (128 bytes).
-THREADS_PER_ROW = 8
 
 
 class FlashForwardSm80:
@@ -45,11 +57,14 @@ class FlashForwardSm80:
     CUDA stream.
     """
 
-    def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric]):
+    def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
+                 windowed: bool = False, varlen: bool = False):
         config.check_problem(head_dim)
         self.cfg = config
         self.head_dim = head_dim
         self.dtype = dtype
+        self.windowed = windowed
+        self.varlen = varlen
 
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copy atoms, tiled MMA, launch
@@ -62,33 +77,45 @@ class FlashForwardSm80:
         v_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
-        batch: cutlass.Int32,
-        seqlen_q: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        heads: cutlass.Int32,
+        cu_q_ptr: cute.Pointer,
+        cu_k_ptr: cute.Pointer,
+        q_shape: tuple,
+        k_shape: tuple,
         q_strides: tuple,
         k_strides: tuple,
         v_strides: tuple,
         o_strides: tuple,
+        lse_strides: tuple,
+        num_seqs: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        window: tuple,
         softmax_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
-        """Build BSHD tensors from raw pointers and launch.
+        """Build the tensors from raw pointers and launch.
 
-        Raw pointers and explicit (batch, seq, head) strides, rather than DLPack tensors, give
-        one fixed signature for cross-compilation and launch, and let us state what validation
-        guarantees: strides are multiples of 8 elements and the head dim is contiguous.
+        ``q_shape``/``k_shape`` are (batch, rows, heads) of the tensors: dense BSHD, or for
+        varlen (1, total rows, heads) with ``cu_seqlens`` locating each sequence. Strides are
+        (batch, row, head), multiples of 8 elements; the head dim is contiguous. LSE is
+        (batch, head, row) with ``lse_strides`` = (batch, head) strides. ``window`` is
+        (left, right) with unbounded sides already replaced by ``mask.UNBOUNDED``.
+        Raw pointers, rather than DLPack tensors, give one fixed signature for cross-compilation
+        and launch, and let us state what validation guarantees.
         """
-        mQ, mK, mV, mO = (
-            cute.make_tensor(ptr, cute.make_layout(
-                (batch, seqlen, heads, self.head_dim),
+        D = self.head_dim
+
+        def bshd(ptr, shape, st):
+            return cute.make_tensor(ptr, cute.make_layout(
+                (shape[0], shape[1], shape[2], D),
                 stride=(cute.assume(st[0], divby=8), cute.assume(st[1], divby=8),
                         cute.assume(st[2], divby=8), 1)))
-            for ptr, seqlen, st in ((q_ptr, seqlen_q, q_strides), (k_ptr, seqlen_k, k_strides),
-                                    (v_ptr, seqlen_k, v_strides), (o_ptr, seqlen_q, o_strides))
-        )
+
+        mQ, mO = bshd(q_ptr, q_shape, q_strides), bshd(o_ptr, q_shape, o_strides)
+        mK, mV = bshd(k_ptr, k_shape, k_strides), bshd(v_ptr, k_shape, v_strides)
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout(
-            (batch, heads, seqlen_q), stride=(heads * seqlen_q, seqlen_q, 1)))
+            (q_shape[0], q_shape[2], q_shape[1]), stride=(lse_strides[0], lse_strides[1], 1)))
+        mCuQ = cute.make_tensor(cu_q_ptr, cute.make_layout((num_seqs + 1,)))
+        mCuK = cute.make_tensor(cu_k_ptr, cute.make_layout((num_seqs + 1,)))
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
         sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim)
@@ -108,8 +135,10 @@ class FlashForwardSm80:
             cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=COPY_BITS
         )
         elems_per_copy = COPY_BITS // self.dtype.width
+        # One swizzle atom's width per group of threads, 16 bytes each.
+        threads_per_row = atom_cols(D) // elems_per_copy
         thr_layout = cute.make_layout(
-            (cfg.num_threads // THREADS_PER_ROW, THREADS_PER_ROW), stride=(THREADS_PER_ROW, 1)
+            (cfg.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
         )
         val_layout = cute.make_layout((1, elems_per_copy))
         gmem_load = cute.make_tiled_copy_tv(load_atom, thr_layout, val_layout)
@@ -121,11 +150,10 @@ class FlashForwardSm80:
             # N = 16 lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
-        grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[0]),
-                cute.size(mQ.shape[2]))
+        grid = (cute.ceil_div(max_seqlen_q, cfg.block_m), num_seqs, q_shape[2])
         self.kernel(
-            mQ, mK, mV, mO, mLSE, softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store,
-            tiled_mma, SharedStorage,
+            mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window[0], window[1], softmax_scale, sQ_layout,
+            sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     # ----------------------------------------------------------------------------------------
@@ -139,6 +167,10 @@ class FlashForwardSm80:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCuQ: cute.Tensor,
+        mCuK: cute.Tensor,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
         softmax_scale: cutlass.Float32,
         sQ_layout,
         sKV_layout,
@@ -150,15 +182,34 @@ class FlashForwardSm80:
         cfg = self.cfg
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, batch, head = cute.arch.block_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        n_blocks = cute.ceil_div(seqlen_k, cfg.block_n)
+        m_block, seq, head = cute.arch.block_idx()
+        if cutlass.const_expr(self.windowed):
+            # Causal row blocks near the end see the most keys: launch them first, so the
+            # short ones fill the tail of the grid instead of the long ones.
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+
+        # ---- this CTA's sequence: its rows in the (possibly packed) tensors ---------------
+        batch, q_start, k_start = seq, 0, 0
+        seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
+        if cutlass.const_expr(self.varlen):
+            batch = 0
+            q_start, k_start = mCuQ[seq], mCuK[seq]
+            seqlen_q, seqlen_k = mCuQ[seq + 1] - q_start, mCuK[seq + 1] - k_start
+        row0 = m_block * cfg.block_m
+        n_min, n_max = kv_block_range(row0, seqlen_q, seqlen_k, window_left, window_right,
+                                      cfg.block_m, cfg.block_n, self.windowed)
+        if cutlass.const_expr(self.varlen):
+            # Past the end of a short sequence (the grid is sized for the longest): no work.
+            n_max = n_min if row0 >= seqlen_q else n_max
 
         # ---- tiles of this CTA in global memory, and their coordinates --------------------
-        gQ = cute.local_tile(mQ[batch, None, head, None], (cfg.block_m, D), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head, None], (cfg.block_n, D), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head, None], (cfg.block_n, D), (None, 0))
+        def rows_of(tensor, start, h):
+            return cute.domain_offset((start, 0), tensor[batch, None, h, None])
+
+        gQ = cute.local_tile(rows_of(mQ, q_start, head), (cfg.block_m, D), (m_block, 0))
+        gK = cute.local_tile(rows_of(mK, k_start, head_kv), (cfg.block_n, D), (None, 0))
+        gV = cute.local_tile(rows_of(mV, k_start, head_kv), (cfg.block_n, D), (None, 0))
         cQ = cute.make_identity_tensor((cfg.block_m, D))
         cKV = cute.make_identity_tensor((cfg.block_n, D))
 
@@ -198,17 +249,23 @@ class FlashForwardSm80:
         k_src, k_dst = thr_s2r_K.partition_S(sK), thr_s2r_K.retile(tSrK)
         v_src, v_dst = thr_s2r_V.partition_S(sVt), thr_s2r_V.retile(tOrVt)
 
-        softmax = OnlineSoftmax.create(cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1]),
-                                softmax_scale, cfg.fused_softmax)
+        softmax = OnlineSoftmax.create(
+            cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1]), softmax_scale,
+            cfg.fused_softmax, guard_empty_rows=self.windowed or self.varlen)
         # Column index of each S accumulator element inside a tile, for the Sk mask.
         tScS_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
         # ---- prologue: Q (and K_0 when loads are eager) -----------------------------------
-        q_rows_left = seqlen_q - m_block * cfg.block_m
+        q_rows_left = seqlen_q - row0
         self._load_rows(gmem_load, tQgQ, tQsQ, tQcQ, q_rows_left)
+        # Kernel 13: walking the K/V blocks backwards takes the masked tail (and a causal
+        # diagonal) first, while the row maxima are still being established.
+        first_block = n_max - 1 if cfg.reverse_kv else n_min
         if cutlass.const_expr(cfg.eager_kv_loads):
-            self._load_rows(gmem_load, tKgK[None, None, None, 0], tKsK, tKVcKV, seqlen_k)
+            if n_min < n_max:
+                self._load_rows(gmem_load, tKgK[None, None, None, first_block], tKsK, tKVcKV,
+                                seqlen_k - first_block * cfg.block_n)
         self._commit()
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
@@ -219,62 +276,106 @@ class FlashForwardSm80:
             load_q = None
 
         # ---- main loop over K/V tiles -----------------------------------------------------
-        for n_block in cutlass.range(n_blocks, unroll=1):
-            kv_rows_left = seqlen_k - n_block * cfg.block_n
-            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                          cutlass.Float32)
-            acc_S.fill(0.0)
-            if cutlass.const_expr(cfg.eager_kv_loads):
-                # K_j is in flight since the previous iteration; everyone is done with V_{j-1}.
-                self._wait_all_and_sync()
-                self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                                kv_rows_left)
-                self._commit()
+        # One loop per mask phase (FA2's split): the unmasked middle runs a body with no mask
+        # code at all; only the band-edge and tail blocks run the masked body.
+        left_end, right_start = masked_block_bounds(
+            row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
+            cfg.block_n, self.windowed)
+        bounds = [(n_min, left_end)] if self.windowed else []
+        bounds += [(left_end, right_start), (right_start, n_max)]
+        if cfg.reverse_kv:
+            bounds = bounds[::-1]
+        operands = (row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma, thr_mma,
+                    acc_O, softmax, gmem_load, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK,
+                    tOrVt, load_q, (s2r_K, k_src, k_dst), (s2r_V, v_src, v_dst), tScS_mn)
+        for p in cutlass.range_constexpr(len(bounds)):
+            lo, hi = bounds[p]
+            # Literal flags: a Python value carried into a dynamic loop would turn dynamic.
+            if cutlass.const_expr(self._phase_masked(p)):
+                for i in cutlass.range(hi - lo, unroll=1):
+                    n_block = hi - 1 - i if cfg.reverse_kv else lo + i
+                    self._kv_block(n_block, n_min, n_max, *operands, masked=True)
             else:
-                # No barrier before overwriting K: every thread passed the one after S_{j-1}.
-                self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK, tKVcKV,
-                                kv_rows_left)
-                self._commit()
-                self._wait_all_and_sync()
-
-            # S = Q K_j^T
-            self._gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, (s2r_K, k_src, k_dst),
-                       cfg.q_frags_per_load, cfg.k_frags_per_load)
-
-            if cutlass.const_expr(cfg.eager_kv_loads):
-                # V_j has landed and everyone is done reading K_j: start K_{j+1}.
-                self._wait_all_and_sync()
-                if n_block + 1 < n_blocks:
-                    self._load_rows(gmem_load, tKgK[None, None, None, n_block + 1], tKsK,
-                                    tKVcKV, kv_rows_left - cfg.block_n)
-                    self._commit()
-            else:
-                self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                                kv_rows_left)
-                self._commit()
-                self._wait_all_and_sync()
-
-            if kv_rows_left < cfg.block_n:
-                self._mask_keys(acc_S, tScS_mn, kv_rows_left)
-            softmax.update(acc_S, acc_O)
-
-            # O += P V_j, with P converted in registers to the input dtype.
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            tOrP = acc_as_operand_a(rP)
-            self._gemm(tiled_mma, acc_O, tOrP, tOrVt, None, (s2r_V, v_src, v_dst),
-                       0, cfg.v_frags_per_load)
+                for i in cutlass.range(hi - lo, unroll=1):
+                    n_block = hi - 1 - i if cfg.reverse_kv else lo + i
+                    self._kv_block(n_block, n_min, n_max, *operands, masked=False)
 
         # ---- epilogue ---------------------------------------------------------------------
+        # O is staged in Q's shared memory: drain the copies still in flight (all of them when
+        # the main loop ran no iteration, e.g. a causal row block that sees no key).
+        self._wait_all_and_sync()
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        self._store_lse(mLSE, batch, head, m_block, thr_mma, lse_rows, q_rows_left)
-        self._store_o(mO, batch, head, m_block, sQ, acc_O, tiled_mma, gmem_store, tidx,
-                      q_rows_left)
+        self._store_lse(mLSE, batch, head, q_start + row0, thr_mma, lse_rows, q_rows_left)
+        self._store_o(rows_of(mO, q_start, head), m_block, sQ, acc_O, tiled_mma, gmem_store,
+                      tidx, q_rows_left)
 
     # ----------------------------------------------------------------------------------------
     # Pieces of the kernel
     # ----------------------------------------------------------------------------------------
+    def _phase_masked(self, phase: int) -> bool:
+        """Whether main-loop phase ``phase`` runs the masked body (phases as in ``kernel``).
+
+        A method, not a local tuple: the DSL turns Python locals seen by a loop dynamic.
+        """
+        masks = (True, False, True) if self.windowed else (False, True)
+        return (masks[::-1] if self.cfg.reverse_kv else masks)[phase]
+
+    @cute.jit
+    def _kv_block(self, n_block, n_min, n_max, row0, seqlen_q, seqlen_k, window_left,
+                  window_right, tiled_mma, thr_mma, acc_O, softmax, gmem_load, tKgK, tKsK,
+                  tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, load_q, load_k, load_v, tScS_mn,
+                  masked: cutlass.Constexpr):
+        """One K/V block: S = Q K^T, (mask,) online softmax, O += P V, next loads in flight."""
+        cfg = self.cfg
+        step = -1 if cfg.reverse_kv else 1
+        kv_rows_left = seqlen_k - n_block * cfg.block_n
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        acc_S.fill(0.0)
+        if cutlass.const_expr(cfg.eager_kv_loads):
+            # K_j is in flight since the previous block; everyone is done with V_{j-1}.
+            self._wait_all_and_sync()
+            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
+                            kv_rows_left)
+            self._commit()
+        else:
+            # No barrier before overwriting K: every thread passed the one after S_{j-1}.
+            self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK, tKVcKV,
+                            kv_rows_left)
+            self._commit()
+            self._wait_all_and_sync()
+
+        # S = Q K_j^T
+        self._gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, load_k, cfg.q_frags_per_load,
+                   cfg.k_frags_per_load)
+
+        if cutlass.const_expr(cfg.eager_kv_loads):
+            # V_j has landed and everyone is done reading K_j: start the next K.
+            self._wait_all_and_sync()
+            following = n_block + step
+            if following >= n_min:
+                if following < n_max:
+                    self._load_rows(gmem_load, tKgK[None, None, None, following], tKsK,
+                                    tKVcKV, kv_rows_left - step * cfg.block_n)
+                    self._commit()
+        else:
+            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
+                            kv_rows_left)
+            self._commit()
+            self._wait_all_and_sync()
+
+        if cutlass.const_expr(masked):
+            apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
+                       window_left, window_right, self.windowed)
+        softmax.update(acc_S, acc_O)
+
+        # O += P V_j, with P converted in registers to the input dtype.
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
+                   cfg.v_frags_per_load)
+
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
                    coord: cute.Tensor, rows_left: cutlass.Int32):
@@ -333,18 +434,9 @@ class FlashForwardSm80:
             cute.copy(tiled_copy, src[None, None, k], dst[None, None, k])
 
     @cute.jit
-    def _mask_keys(self, acc_S: cute.Tensor, tScS_mn: cute.Tensor, cols_left: cutlass.Int32):
-        """Set S to -inf in the key columns at or past ``cols_left`` (the Sk tail)."""
-        s_mn = acc_mn_view(acc_S)
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            if tScS_mn[0, c][1] >= cols_left:
-                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                    s_mn[r, c] = -cutlass.Float32.inf
-
-    @cute.jit
-    def _store_lse(self, mLSE: cute.Tensor, batch, head, m_block, thr_mma, lse_rows,
+    def _store_lse(self, mLSE: cute.Tensor, batch, head, first_row, thr_mma, lse_rows,
                    rows_left: cutlass.Int32):
-        """One lane of each quad writes the LSE of its rows."""
+        """One lane of each quad writes the LSE of its rows (tile rows from ``first_row``)."""
         cO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor(
             (self.cfg.block_m, self.head_dim))))
         lane = cute.arch.lane_idx()
@@ -352,17 +444,21 @@ class FlashForwardSm80:
             row = cO_mn[r, 0][0]
             if lane % 4 == 0:
                 if row < rows_left:
-                    mLSE[batch, head, m_block * self.cfg.block_m + row] = lse_rows[r]
+                    mLSE[batch, head, first_row + row] = lse_rows[r]
 
     @cute.jit
-    def _store_o(self, mO: cute.Tensor, batch, head, m_block, sQ: cute.Tensor,
-                 acc_O: cute.Tensor, tiled_mma: cute.TiledMma, gmem_store: cute.TiledCopy,
-                 tidx, rows_left: cutlass.Int32):
-        """O: registers -> shared memory (the Q tile's space) -> 16-byte global stores."""
+    def _store_o(self, mO_rows: cute.Tensor, m_block, sQ: cute.Tensor, acc_O: cute.Tensor,
+                 tiled_mma: cute.TiledMma, gmem_store: cute.TiledCopy, tidx,
+                 rows_left: cutlass.Int32):
+        """O: registers -> shared memory (the Q tile's space) -> 16-byte global stores.
+
+        ``mO_rows`` is this sequence's and head's (rows, head_dim) view of O.
+        """
         cfg = self.cfg
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        # Reusing Q's space is safe: every thread passed the barrier after the last S GEMM.
+        # Reusing Q's space is safe: every copy into it landed and every thread is past its
+        # last read of Q (the barrier at the start of the epilogue).
         sO = sQ
         # 4-byte stores: a thread's accumulator holds column pairs.
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
@@ -371,8 +467,7 @@ class FlashForwardSm80:
         thr_r2s = r2s.get_slice(tidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
 
-        gO = cute.local_tile(mO[batch, None, head, None], (cfg.block_m, self.head_dim),
-                             (m_block, 0))
+        gO = cute.local_tile(mO_rows, (cfg.block_m, self.head_dim), (m_block, 0))
         thr_store = gmem_store.get_slice(tidx)
         tOsO = thr_store.partition_S(sO)
         tOgO = thr_store.partition_D(gO)

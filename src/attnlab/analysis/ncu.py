@@ -1,0 +1,152 @@
+"""Nsight Compute on one launch of a kernel: the seeds' metric sets, side by side.
+
+``profile`` runs ``ncu --clock-control none`` (the clocks are left as found) on a child Python
+process that launches the target exactly once (``attnlab.bench.profile_target``), filtered
+to the target's kernel by name, and parses ncu's raw CSV page.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.analysis.tools import find_tool
+
+#: The seeds' evidence, grouped as the reports show it.
+METRIC_SETS: dict[str, dict[str, str]] = {
+    "time": {
+        "duration_ns": "gpu__time_duration.sum",
+        "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    },
+    "shared memory (seed 001)": {
+        "bank_conflicts_ld": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+        "bank_conflicts_st": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+        "wavefronts_ld": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+        "wavefronts_st": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+        "shared_ld_instructions": "smsp__inst_executed_op_shared_ld.sum",
+        "shared_st_instructions": "smsp__inst_executed_op_shared_st.sum",
+        "ldsm_instructions": "smsp__inst_executed_op_ldsm.sum",
+    },
+    "pipes (seed 003)": {
+        "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+        "fma_pct": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+        "alu_pct": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+        "fp32_instructions": "smsp__sass_thread_inst_executed_op_fp32_pred_on.sum",
+        "instructions": "smsp__inst_executed.sum",
+    },
+    "stalls per issued instruction (seed 001)": {
+        f"stall_{reason}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+        for reason in ("short_scoreboard", "long_scoreboard", "mio_throttle", "barrier",
+                       "math_pipe_throttle", "wait", "not_selected", "lg_throttle")
+    },
+    "memory": {
+        "dram_read_bytes": "dram__bytes_read.sum",
+        "dram_write_bytes": "dram__bytes_write.sum",
+        "l2_bytes": "lts__t_bytes.sum",
+        # Observation Z: ratio metrics under cp.async, checked against raw counts.
+        "ldgsts_instructions": "smsp__inst_executed_op_ldgsts.sum",
+        "ldgsts_bypass_sectors":
+            "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum",
+        "l1_hit_rate_pct": "l1tex__t_sector_hit_rate.pct",
+    },
+    "instructions by opcode (seed 003)": {
+        "per_opcode_with_modifier": "sass__inst_executed_per_opcode_with_modifier_all",
+    },
+}
+
+#: Kernel-name filters (ncu's ``regex:``) for each profiled implementation.
+KERNEL_FILTERS = {"attnlab": "regex:kernel_cutlass_kernel_attnlab", "sdpa_flash": "regex:flash"}
+
+
+class ProfilerUnavailable(RuntimeError):
+    """ncu is missing or cannot read the counters on this machine (said plainly, with why)."""
+
+
+@dataclass
+class KernelProfile:
+    """One launch profiled: kernel name and the metrics by our short names."""
+
+    impl: str
+    kernel: str
+    metrics: dict[str, float | str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"impl": self.impl, "kernel": self.kernel, "metrics": self.metrics}
+
+
+def all_metrics() -> dict[str, str]:
+    return {short: name for group in METRIC_SETS.values() for short, name in group.items()}
+
+
+def parse_raw_csv(text: str) -> list[dict[str, str]]:
+    """Rows of ``ncu --csv --page raw`` (header, then a units row, then one row per kernel)."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        return []
+    header = rows[0]
+    return [dict(zip(header, row, strict=False)) for row in rows[2:]]
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
+def profile(impl: str, target_args: list[str], *, timeout: int = 600) -> KernelProfile:
+    """Profile one launch of ``impl`` (``attnlab`` or ``sdpa_flash``) with the metric sets."""
+    try:
+        ncu = find_tool("ncu")
+    except RuntimeError as exc:
+        raise ProfilerUnavailable(f"Nsight Compute (ncu) is not installed: {exc}") from None
+    wanted = all_metrics()
+    command = [str(ncu), "--clock-control", "none", "--csv", "--page", "raw",
+               "--print-metric-instances", "values", "--metrics", ",".join(wanted.values()),
+               "-k", KERNEL_FILTERS[impl], "-c", "1",
+               sys.executable, "-m", "attnlab.bench.profile_target", "--impl", impl,
+               *target_args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    rows = parse_raw_csv(done.stdout)
+    if done.returncode != 0 or not rows:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise ProfilerUnavailable(
+            f"ncu could not profile {impl} (exit {done.returncode}): " + " | ".join(detail))
+    row = rows[0]
+    metrics = {short: _number(row[name]) for short, name in wanted.items() if name in row}
+    missing = sorted(set(wanted) - set(metrics))
+    if missing:
+        metrics["unavailable"] = ", ".join(missing)
+    return KernelProfile(impl, row.get("Kernel Name", "?"), metrics)
+
+
+def derived(p: KernelProfile) -> dict[str, float]:
+    """Ratios the seeds read: excess shared wavefronts, bytes per cp.async, conflict share."""
+    m = p.metrics
+    out: dict[str, float] = {}
+
+    def num(key: str) -> float | None:
+        value = m.get(key)
+        return value if isinstance(value, float) else None
+
+    conflicts, wavefronts = num("bank_conflicts_ld"), num("wavefronts_ld")
+    if conflicts is not None and wavefronts:
+        out["ld_conflict_share_pct"] = 100 * conflicts / wavefronts
+    sectors, ldgsts = num("ldgsts_bypass_sectors"), num("ldgsts_instructions")
+    if sectors is not None and ldgsts:
+        # 32-byte sectors per warp-level cp.async: 16 B x 32 lanes = 16 sectors when coalesced.
+        out["sectors_per_ldgsts"] = sectors / ldgsts
+    return out
+
+
+def save_json(path: Path, profiles: list[KernelProfile]) -> Path:
+    import json
+
+    path.write_text(json.dumps([{**p.to_dict(), "derived": derived(p)} for p in profiles],
+                               indent=1))
+    return path

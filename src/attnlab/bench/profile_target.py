@@ -1,0 +1,50 @@
+"""The program Nsight Compute profiles: exactly one launch of one implementation.
+
+``python -m attnlab.bench.profile_target --impl attnlab --config k07 --shape 4,4096,4096,16,128``
+compiles first (compiling launches nothing), then launches once, so ``ncu -c 1`` with a kernel
+name filter catches that launch and no warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--impl", choices=["attnlab", "sdpa_flash"], required=True)
+    parser.add_argument("--config", default="k07")
+    parser.add_argument("--shape", default="4,4096,4096,16,128", help="B,Sq,Sk,H,D")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    args = parser.parse_args(argv)
+
+    batch, seqlen_q, seqlen_k, heads, head_dim = (int(x) for x in args.shape.split(","))
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(batch, seqlen_k, heads, head_dim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn_like(k)
+    scale = 1.0 / math.sqrt(head_dim)
+    if args.impl == "attnlab":
+        from attnlab.compile import get_forward_kernel
+        from attnlab.dispatch import arch_of
+        from attnlab.ladder import resolve
+        from attnlab.runtime import launch_forward
+
+        config = resolve(args.config)
+        get_forward_kernel(config, arch_of(q.device), args.dtype, head_dim)
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, heads, seqlen_q, device="cuda")
+        launch_forward(q, k, v, out, lse, scale, config)
+    else:
+        from attnlab.bench.baselines import sdpa
+
+        sdpa("sdpa_flash")(q, k, v, scale, False)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

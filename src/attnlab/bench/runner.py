@@ -1,0 +1,203 @@
+"""Running implementations over a grid of problems, all in one process on the same inputs.
+
+A *point* is one problem (shape, dtype, causal); an *implementation* is attnlab with a config or
+a peer library. For each point every implementation sees the same rotating input sets, so a
+ratio to the reference is measured, never assembled from two runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from attnlab.bench.timing import Timing, attention_flops, tflops, time_calls
+from attnlab.config import FlashConfig
+
+#: Rotate input sets until they span this multiple of the L2 cache.
+L2_SPAN = 3
+MAX_INPUT_SETS = 8
+#: The reference of every ratio: FlashAttention-2 as shipped in torch SDPA.
+REFERENCE = "sdpa_flash"
+
+#: ``fn(q, k, v, scale, causal)`` on BSHD tensors (k/v may have fewer heads).
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], object]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One benchmark problem: BSHD shapes, dtype, causal, and K/V heads for GQA."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    causal: bool = False
+    heads_kv: int | None = None  # None: as many as the query heads (MHA)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads if self.heads_kv is None else self.heads_kv
+
+    @property
+    def flops(self) -> float:
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k,
+                               self.head_dim, self.causal)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def label(self) -> str:
+        causal = " causal" if self.causal else ""
+        gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return (f"{self.dtype} hd{self.head_dim} B={self.batch} H={self.heads}{gqa} "
+                f"Sq={self.seqlen_q} Sk={self.seqlen_k}{causal}")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One implementation timed at one point."""
+
+    point: Point
+    impl: str
+    timing: Timing | None
+    error: str | None = None
+
+    @property
+    def tflops(self) -> float | None:
+        return tflops(self.point.flops, self.timing.median_ms) if self.timing else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"point": asdict(self.point), "impl": self.impl,
+                "timing": self.timing.to_dict() if self.timing else None,
+                "tflops": self.tflops, "error": self.error}
+
+
+def tokens_grid(tokens: int, hidden: int, seqlens: Iterable[int], head_dims: Iterable[int],
+                dtypes: Iterable[str], causal: Iterable[bool] = (False,),
+                gqa_group: int = 1) -> list[Point]:
+    """The FlashAttention papers' grid: ``tokens`` per batch, ``heads = hidden / head_dim``;
+    with ``gqa_group`` > 1, each K/V head serves that many query heads."""
+    points = []
+    for dtype in dtypes:
+        for is_causal in causal:
+            for head_dim in head_dims:
+                heads = hidden // head_dim
+                kv_heads = None if gqa_group == 1 else max(1, heads // gqa_group)
+                for seqlen in seqlens:
+                    points.append(Point(max(1, tokens // seqlen), seqlen, seqlen, heads,
+                                        head_dim, dtype, is_causal, kv_heads))
+    return points
+
+
+def attnlab_impl(config: FlashConfig) -> AttentionFn:
+    """attnlab's kernel with ``config``, launched into preallocated outputs."""
+    from attnlab.runtime import launch_forward
+
+    outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            causal: bool = False) -> None:
+        # One output pair per input set: allocation stays off the timed path.
+        key = q.data_ptr()
+        if key not in outputs:
+            outputs[key] = (torch.empty_like(q), torch.empty(
+                q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32))
+        launch_forward(q, k, v, *outputs[key], scale, config,
+                       window=(-1, 0) if causal else (-1, -1))
+
+    return run
+
+
+def dispatched_impl() -> AttentionFn:
+    """attnlab as ``attention()`` runs it: the config dispatch picks for each problem."""
+    from attnlab import dispatch
+    from attnlab.validation import check_inputs
+
+    configs: dict[tuple, FlashConfig] = {}
+    inner: dict[FlashConfig, AttentionFn] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            causal: bool = False) -> None:
+        key = (q.shape, k.shape, q.dtype)
+        if key not in configs:
+            configs[key] = dispatch.default_config(q.device, check_inputs(q, k, v))
+        cfg = configs[key]
+        if cfg not in inner:
+            inner[cfg] = attnlab_impl(cfg)
+        inner[cfg](q, k, v, scale, causal)
+
+    return run
+
+
+def input_sets(point: Point, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    """Fresh random q/k/v sets, enough of them to span ``L2_SPAN`` x the L2 cache."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    elem = torch.finfo(point.torch_dtype).bits // 8
+    # q and the output, k and v.
+    per_set = elem * point.batch * point.heads * point.head_dim * 2 * (
+        point.seqlen_q + point.seqlen_k)
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_SPAN * l2 / per_set)))
+
+    def randn(seqlen: int, heads: int) -> torch.Tensor:
+        return torch.randn(point.batch, seqlen, heads, point.head_dim, device="cuda",
+                           dtype=point.torch_dtype, generator=gen)
+
+    return [(randn(point.seqlen_q, point.heads), randn(point.seqlen_k, point.kv_heads),
+             randn(point.seqlen_k, point.kv_heads)) for _ in range(count)]
+
+
+def measure_point(point: Point, impls: dict[str, AttentionFn], *, runs: int = 30,
+                  warmup: int = 5, on_impl: Callable[[str], None] | None = None
+                  ) -> list[Result]:
+    """Time each implementation at one point; a failing implementation records its error.
+
+    ``on_impl(name)`` is called after each implementation (progress).
+    """
+    sets = input_sets(point)
+    scale = 1.0 / math.sqrt(point.head_dim)
+    results = []
+    for name, fn in impls.items():
+        try:
+            fn(*sets[0], scale, point.causal)  # compiles / builds plans: not timed
+            timing = time_calls(lambda i, fn=fn: fn(*sets[i], scale, point.causal),
+                                warmup=warmup, runs=runs, rotations=len(sets))
+            results.append(Result(point, name, timing))
+        except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
+            results.append(Result(point, name, None, f"{type(exc).__name__}: {exc}"))
+        if on_impl is not None:
+            on_impl(name)
+    return results
+
+
+def measure_grid(points: Sequence[Point], impls: dict[str, AttentionFn], *, runs: int = 30,
+                 warmup: int = 5, on_point: Callable[[Point], None] | None = None
+                 ) -> list[Result]:
+    """``measure_point`` over a grid; ``on_point`` is called after each point (progress)."""
+    results: list[Result] = []
+    for point in points:
+        results.extend(measure_point(point, impls, runs=runs, warmup=warmup))
+        if on_point is not None:
+            on_point(point)
+    return results
+
+
+def ratios(results: Sequence[Result], reference: str = REFERENCE) -> dict[tuple[Point, str], float]:
+    """Speed of each (point, implementation) relative to the reference at the same point."""
+    ref_ms = {r.point: r.timing.median_ms for r in results
+              if r.impl == reference and r.timing is not None}
+    return {(r.point, r.impl): ref_ms[r.point] / r.timing.median_ms for r in results
+            if r.timing is not None and r.point in ref_ms}
+
+
+def harmonic_mean(values: Sequence[float]) -> float:
+    """The seeds' summary of a ratio over sequence lengths (dominated by the worst point)."""
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"harmonic mean needs positive values, got {list(values)}")
+    return len(values) / sum(1.0 / v for v in values)

@@ -1,0 +1,309 @@
+"""``attnlab bench``, ``attnlab ladder``, ``attnlab tune``: measuring against the reference.
+
+Thin commands: argument parsing, progress bars and printing. The work is in
+``attnlab.bench`` and ``attnlab.tune``, which the tests call directly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from attnlab.cli import app
+
+console = Console()
+
+FULL_SEQLENS = "512,1024,2048,4096,8192,16384"
+QUICK_SEQLENS = "1024,4096"
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``, or a clear error naming the option."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}",
+                                 param_hint=option) from None
+    if not values or any(v <= 0 for v in values):
+        raise typer.BadParameter(f"expected positive integers, got {text!r}", param_hint=option)
+    return values
+
+
+def parse_dtypes(text: str) -> list[str]:
+    aliases = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+               "float16": "float16", "half": "float16"}
+    try:
+        return [aliases[part.strip()] for part in text.split(",") if part.strip()]
+    except KeyError as exc:
+        raise typer.BadParameter(f"unknown dtype {exc.args[0]!r}; use bf16 and/or fp16",
+                                 param_hint="--dtypes") from None
+
+
+def require_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        console.print("[red]error:[/red] this command times kernels and needs a CUDA GPU "
+                      "(torch.cuda.is_available() is False)")
+        raise typer.Exit(code=2)
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                    console=console, transient=False)
+
+
+OUT_OPTION = typer.Option(Path("attnlab-results"), "--out", help="Folder for the JSON and PNG.")
+
+
+MASK_MODES = {"full": (False,), "causal": (True,), "both": (False, True)}
+
+
+def parse_mode(mode: str) -> tuple[bool, ...]:
+    try:
+        return MASK_MODES[mode]
+    except KeyError:
+        raise typer.BadParameter(f"expected one of {', '.join(MASK_MODES)}, got {mode!r}",
+                                 param_hint="--mode") from None
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def bench(
+    seqlens: str = typer.Option(FULL_SEQLENS, help="Comma-separated sequence lengths."),
+    head_dims: str = typer.Option("64,128", "--head-dims", help="Comma-separated head dims."),
+    dtypes: str = typer.Option("bf16,fp16", help="bf16 and/or fp16."),
+    tokens: int = typer.Option(16384, help="Tokens per batch: batch = tokens / seqlen."),
+    hidden: int = typer.Option(2048, help="Model width: heads = hidden / head_dim."),
+    config: str = typer.Option(None, help="attnlab config (ladder name or JSON); default: "
+                                          "what attention() picks."),
+    impls: str = typer.Option(None, help="Comma-separated subset of implementations."),
+    mode: str = typer.Option("both", help="full, causal or both (causal FLOPs are halved)."),
+    gqa: int = typer.Option(1, min=1, help="Query heads per K/V head (GQA); 1 is MHA."),
+    quick: bool = typer.Option(False, help=f"seqlens {QUICK_SEQLENS}, hd128, bf16, full, "
+                                           "20 runs."),
+    runs: int = typer.Option(30, min=20, help="Timed runs per measurement (median reported)."),
+    out: Path = OUT_OPTION,
+) -> None:
+    """attnlab against torch SDPA (flash, cudnn, efficient) and other installed peers."""
+    from attnlab.bench.report import bench_table, plot_bench, write_json
+    from attnlab.bench.runner import measure_grid, tokens_grid
+
+    if quick:
+        seqlens, head_dims, dtypes, runs, mode = QUICK_SEQLENS, "128", "bf16", 20, "full"
+    points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
+                         parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes),
+                         parse_mode(mode), gqa)
+    implementations = _bench_impls(config, impls)
+    require_gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        task = progress.add_task("bench", total=len(points))
+        results = measure_grid(points, implementations, runs=runs,
+                               on_point=lambda p: progress.advance(task))
+    console.print(bench_table(results, title=_device_title("attnlab bench")))
+    json_path = write_json(out / "bench.json", "bench", results)
+    png_path = plot_bench(results, out / "bench.png")
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+def _bench_impls(config: str | None, subset: str | None) -> dict:
+    from attnlab.bench.baselines import available_peers
+    from attnlab.bench.runner import REFERENCE, attnlab_impl, dispatched_impl
+    from attnlab.ladder import resolve
+
+    impls = {"attnlab": attnlab_impl(_resolve(resolve, config)) if config else dispatched_impl()}
+    impls.update(available_peers())
+    if subset:
+        wanted = [name.strip() for name in subset.split(",") if name.strip()]
+        unknown = sorted(set(wanted) - set(impls))
+        if unknown:
+            raise typer.BadParameter(f"unknown {unknown}; available: {', '.join(impls)}",
+                                     param_hint="--impls")
+        # The reference is always measured: every ratio needs it from the same run.
+        impls = {name: fn for name, fn in impls.items() if name in wanted or name == REFERENCE}
+    return impls
+
+
+def _resolve(resolve, spec: str):
+    try:
+        return resolve(spec)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="CONFIG") from None
+
+
+def _device_title(what: str) -> str:
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{what} on {name} (ratios measured in the same run)"
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def ladder(
+    seqlens: str = typer.Option(FULL_SEQLENS, help="Sequence lengths of the harmonic mean."),
+    anchor: int = typer.Option(4096, help="The seqlen of the '% at' column."),
+    head_dim: int = typer.Option(128, "--head-dim"),
+    dtype: str = typer.Option("bf16", help="bf16 or fp16."),
+    tokens: int = typer.Option(16384),
+    hidden: int = typer.Option(2048),
+    runs: int = typer.Option(30, min=20),
+    out: Path = OUT_OPTION,
+) -> None:
+    """The seeds' table: percent of SDPA flash per ladder step, at ANCHOR and harmonic mean."""
+    from attnlab import ladder as ladder_configs
+    from attnlab.bench.baselines import sdpa
+    from attnlab.bench.report import (
+        ladder_rows,
+        ladder_table,
+        plot_ladder,
+        reference_tflops,
+        write_json,
+    )
+    from attnlab.bench.runner import REFERENCE, attnlab_impl, measure_grid, tokens_grid
+
+    lengths = parse_ints(seqlens, "--seqlens")
+    if anchor not in lengths:
+        raise typer.BadParameter(f"{anchor} is not one of --seqlens {lengths}",
+                                 param_hint="--anchor")
+    (dtype_name,) = parse_dtypes(dtype)
+    points = tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name])
+    require_gpu()
+    impls = {REFERENCE: sdpa(REFERENCE)}
+    impls.update({name: attnlab_impl(cfg) for name, cfg in ladder_configs.LADDER.items()})
+    out.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        task = progress.add_task("ladder", total=len(points))
+        results = measure_grid(points, impls, runs=runs,
+                               on_point=lambda p: progress.advance(task))
+    rows = ladder_rows(results, ladder_configs.STEP_NAMES, anchor)
+    ref = reference_tflops(results, anchor)
+    console.print(ladder_table(rows, ref, _device_title(
+        f"attnlab ladder, {dtype_name} hd{head_dim}"), anchor))
+    stem = f"ladder_{dtype_name}_hd{head_dim}"
+    json_path = write_json(out / f"{stem}.json", "ladder", results, rows=rows,
+                           configs={n: c.to_dict() for n, c in ladder_configs.LADDER.items()})
+    png_path = plot_ladder(rows, out / f"{stem}.png", anchor)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def tune(
+    seqlens: str = typer.Option("4096", help="Sequence lengths to tune (one cache entry each)."),
+    head_dim: int = typer.Option(128, "--head-dim"),
+    dtype: str = typer.Option("bf16", help="bf16 or fp16."),
+    tokens: int = typer.Option(16384),
+    hidden: int = typer.Option(2048),
+    workers: int = typer.Option(0, help="Compile workers (0: one per CPU)."),
+    max_timed: int = typer.Option(24, min=1, help="Time at most this many survivors."),
+    runs: int = typer.Option(20, min=5),
+    wide: bool = typer.Option(False, help="Also vary K/V sub-tiles apart and try pad8."),
+    show: bool = typer.Option(False, help="Print the cache and exit."),
+    clear: bool = typer.Option(False, help="Empty the cache and exit."),
+) -> None:
+    """Search kernel configs for this GPU; store the best per problem class in the cache."""
+    from attnlab.tune.cache import TuneCache
+
+    cache = TuneCache()
+    if show:
+        console.print(_cache_table(cache))
+        return
+    if clear:
+        console.print(f"removed {cache.clear()} entries from {cache.path}")
+        return
+    lengths = parse_ints(seqlens, "--seqlens")
+    (dtype_name,) = parse_dtypes(dtype)
+    require_gpu()
+    _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden,
+                workers or os.cpu_count() or 1, max_timed, runs, wide)
+
+
+def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, max_timed,
+                runs, wide) -> None:
+    import tempfile
+
+    import torch
+
+    from attnlab import dispatch
+    from attnlab.analysis.occupancy import current_device_spec
+    from attnlab.bench.runner import tokens_grid
+    from attnlab.compile import dsl_version
+    from attnlab.ladder import k07_for
+    from attnlab.tune.search import prune_space, time_candidates
+    from attnlab.tune.space import search_space
+
+    device = torch.device("cuda")
+    arch = dispatch.arch_of(device)
+    default = k07_for(arch, head_dim)
+    space = search_space(wide)
+    with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
+        task = progress.add_task(f"compile + prune ({workers} workers)", total=len(space))
+        chosen, summary = prune_space(space, current_device_spec(), arch, dtype_name, head_dim,
+                                      Path(artifacts), workers, max_timed,
+                                      on_done=lambda: progress.advance(task))
+        outcomes = []
+        for point in tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name]):
+            timing = progress.add_task(f"time seq {point.seqlen_q}", total=len(chosen) + 1)
+            outcomes.append(time_candidates(
+                point, default, chosen, runs=runs,
+                on_impl=lambda name, t=timing: progress.advance(t)))
+    console.print(_summary_table(summary))
+    for outcome in outcomes:
+        point = outcome.point
+        cache.put(dispatch.tune_key(device, dtype_name, head_dim, point.seqlen_q),
+                  outcome.best, best_ms=outcome.best_ms, default_ms=outcome.default_ms,
+                  shape=point.label(), dsl_version=dsl_version())
+    path = cache.save()
+    dispatch.reload_tune_cache()
+    console.print(_outcome_table(outcomes))
+    console.print(f"cache: {path}")
+
+
+def _summary_table(summary: dict[str, int]) -> Table:
+    table = Table(title="pruning (static, from cross-compiled cubins)")
+    table.add_column("")
+    table.add_column("configs", justify="right")
+    for reason, count in summary.items():
+        table.add_row(reason, str(count))
+    return table
+
+
+def _outcome_table(outcomes) -> Table:
+    table = Table(title="tuned vs default (same run, same inputs)")
+    for column in ("problem", "best config", "best ms", "default ms", "speedup"):
+        table.add_column(column, justify="right" if column.endswith(("ms", "speedup")) else
+                         "left")
+    for o in outcomes:
+        table.add_row(o.point.label(), o.best.short_name(), f"{o.best_ms:.3f}",
+                      f"{o.default_ms:.3f}", f"{o.speedup:.3f}x")
+    return table
+
+
+def _cache_table(cache) -> Table:
+    from attnlab.config import FlashConfig
+
+    table = Table(title=f"tuning cache {cache.path}")
+    for column in ("key", "config", "best ms", "default ms"):
+        table.add_column(column)
+    for key, entry in sorted(cache.entries.items()):
+        cfg = FlashConfig.from_dict(entry["config"])
+        table.add_row(key, cfg.short_name(), f"{entry.get('best_ms', float('nan')):.3f}",
+                      f"{entry.get('default_ms', float('nan')):.3f}")
+    if not cache.entries:
+        table.caption = "empty: run `attnlab tune` on a GPU"
+    return table

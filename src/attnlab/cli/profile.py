@@ -1,0 +1,137 @@
+"""``attnlab profile`` (Nsight Compute, ours vs the reference) and ``attnlab roofline``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnlab.cli import app
+from attnlab.cli.measure import OUT_OPTION, parse_dtypes, parse_ints, require_gpu
+
+console = Console()
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    values = parse_ints(text, "--shape")
+    if len(values) != 5:
+        raise typer.BadParameter(f"expected B,Sq,Sk,H,D, got {text!r}", param_hint="--shape")
+    return tuple(values)
+
+
+def _profile_all(config: str, shape: tuple[int, ...], dtype: str, vs_reference: bool):
+    from attnlab.analysis.ncu import ProfilerUnavailable, profile
+
+    target = ["--config", config, "--shape", ",".join(map(str, shape)), "--dtype", dtype]
+    impls = ["attnlab", "sdpa_flash"] if vs_reference else ["attnlab"]
+    try:
+        return [profile(impl, target) for impl in impls]
+    except ProfilerUnavailable as exc:
+        console.print(f"[red]cannot read hardware counters here:[/red] {exc}")
+        raise typer.Exit(code=3) from None
+
+
+@app.command("profile")
+def profile_command(
+    config: str = typer.Argument("k07", help="Ladder name or JSON file of FlashConfig fields."),
+    shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
+    dtype: str = typer.Option("bf16"),
+    vs_reference: bool = typer.Option(True, help="Also profile SDPA flash (FA2)."),
+    out: Path = OUT_OPTION,
+) -> None:
+    """Nsight Compute metrics of one launch: bank conflicts, stalls, pipes, opcodes, bytes."""
+    from attnlab.analysis.ncu import METRIC_SETS, derived, save_json
+    from attnlab.ladder import resolve
+
+    try:
+        resolve(config)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="CONFIG") from None
+    dims = _shape(shape)
+    (dtype_name,) = parse_dtypes(dtype)
+    require_gpu()
+    with console.status("running ncu (one launch each)"):
+        profiles = _profile_all(config, dims, dtype_name, vs_reference)
+    table = Table(title=f"ncu --clock-control none: {config} vs reference, shape {shape}")
+    table.add_column("metric")
+    for p in profiles:
+        table.add_column(p.impl, justify="right")
+    for group, metrics in METRIC_SETS.items():
+        table.add_row(f"[bold]{group}[/bold]")
+        for short in metrics:
+            if short == "per_opcode_with_modifier":
+                continue  # long; it is in the JSON
+            table.add_row(short, *[_fmt(p.metrics.get(short)) for p in profiles])
+    table.add_row("[bold]derived[/bold]")
+    for key in sorted({k for p in profiles for k in derived(p)}):
+        table.add_row(key, *[_fmt(derived(p).get(key)) for p in profiles])
+    console.print(table)
+    for p in profiles:
+        if "unavailable" in p.metrics:
+            missing = p.metrics["unavailable"]
+            console.print(f"[yellow]{p.impl}: ncu did not report[/yellow] {missing}")
+    out.mkdir(parents=True, exist_ok=True)
+    console.print(f"wrote {save_json(out / f'profile_{config}.json', profiles)}")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value)[:40]
+
+
+CONFIGS_ARGUMENT = typer.Argument(None, help="Ladder names / JSON files (default k07).")
+
+
+@app.command()
+def roofline(
+    configs: list[str] = CONFIGS_ARGUMENT,
+    shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
+    dtype: str = typer.Option("bf16"),
+    out: Path = OUT_OPTION,
+) -> None:
+    """Roofline PNG: configs and the reference against measured DRAM/L2/matmul ceilings."""
+    import json
+
+    import torch
+
+    from attnlab.analysis.roofline import RooflinePoint, plot_roofline
+    from attnlab.bench.ceilings import measure_ceilings
+    from attnlab.bench.timing import attention_flops
+
+    dims = _shape(shape)
+    (dtype_name,) = parse_dtypes(dtype)
+    require_gpu()
+    batch, seqlen_q, seqlen_k, heads, head_dim = dims
+    flops = attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim)
+    with console.status("measuring ceilings"):
+        ceilings = measure_ceilings()
+    points = []
+    for i, config in enumerate(configs or ["k07"]):
+        with console.status(f"profiling {config}"):
+            profiles = _profile_all(config, dims, dtype_name, vs_reference=i == 0)
+        for p in profiles:
+            name = config if p.impl == "attnlab" else p.impl
+            m = p.metrics
+            points.append(RooflinePoint(name, flops, m["duration_ns"] * 1e-9,
+                                        m["dram_read_bytes"] + m["dram_write_bytes"],
+                                        m["l2_bytes"]))
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_roofline(points, ceilings.dram_bytes_per_s, ceilings.l2_bytes_per_s,
+                        ceilings.matmul_flops_per_s, out / "roofline.png",
+                        f"{torch.cuda.get_device_name()} {dtype_name} shape {shape}")
+    table = Table(title="roofline points (ncu)")
+    for column in ("kernel", "TFLOP/s", "DRAM FLOP/B", "L2 FLOP/B"):
+        table.add_column(column, justify="right")
+    for p in points:
+        table.add_row(p.name, f"{p.flops_per_s / 1e12:.1f}", f"{p.dram_intensity:.0f}",
+                      f"{p.l2_intensity:.0f}")
+    console.print(table)
+    console.print(f"ceilings: {ceilings.to_dict()}")
+    (out / "roofline.json").write_text(json.dumps(
+        {"ceilings": ceilings.to_dict(), "points": [p.__dict__ for p in points]}, indent=1))
+    console.print(f"wrote {png}")

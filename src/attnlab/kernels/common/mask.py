@@ -1,0 +1,83 @@
+"""Which keys a query row may attend: the Sk tail, and a band around the diagonal.
+
+Windows follow FlashAttention-2: with ``off = Sk - Sq`` (the diagonal is bottom-right aligned),
+row ``i`` attends key ``j`` iff ``i + off - left <= j <= i + off + right``; causal is
+``(left, right) = (unbounded, 0)``. The host passes an unbounded side as ``UNBOUNDED``, a number
+larger than any sequence, so the same arithmetic serves every case without branches.
+
+Three uses: the K/V block range of a CTA (blocks wholly outside the band are never loaded), the
+block bounds that split the main loop into masked and unmasked phases, and the element mask,
+which only blocks crossing a band edge or the Sk tail pay for.
+"""
+
+import cutlass
+import cutlass.cute as cute
+
+from attnlab.kernels.common.layouts import acc_mn_view
+
+#: An unbounded window side (sequences are validated to stay below 2**30 rows).
+UNBOUNDED = 1 << 30
+
+
+def kv_block_range(row0, seqlen_q, seqlen_k, left, right, block_m: int, block_n: int,
+                   windowed: bool):
+    """``[n_min, n_max)``: the K/V blocks some row of ``[row0, row0 + block_m)`` may attend."""
+    n_max = cute.ceil_div(seqlen_k, block_n)
+    n_min = 0
+    if windowed:
+        off = seqlen_k - seqlen_q
+        last_row = cutlass.min(row0 + block_m, seqlen_q) - 1
+        # One past the last key any row of the tile sees; at most Sk, at least 0.
+        end = cutlass.max(cutlass.min(last_row + off + right + 1, seqlen_k), 0)
+        n_max = cute.ceil_div(end, block_n)
+        n_min = cutlass.max(row0 + off - left, 0) // block_n
+        n_min = cutlass.min(n_min, n_max)
+    return n_min, n_max
+
+
+def masked_block_bounds(row0, seqlen_q, seqlen_k, left, right, n_min, n_max, block_m: int,
+                        block_n: int, windowed: bool):
+    """``(left_end, right_start)``: blocks in ``[n_min, left_end)`` cross the window's left
+    edge and blocks in ``[right_start, n_max)`` cross its right edge or the Sk tail; the blocks
+    between need no mask. ``n_min <= left_end <= right_start <= n_max``.
+    """
+    off = seqlen_k - seqlen_q
+    # Right edge: the tile's first row sees the fewest keys; past Sk everything is masked.
+    fully_left_of = seqlen_k
+    if windowed:
+        fully_left_of = cutlass.min(seqlen_k, cutlass.max(row0 + off + right + 1, 0))
+    right_start = cutlass.max(cutlass.min(fully_left_of // block_n, n_max), n_min)
+    left_end = n_min
+    if windowed:
+        # Left edge: the tile's last row sees the fewest keys on the left.
+        first_visible = cutlass.max(row0 + block_m - 1 + off - left, 0)
+        left_end = cutlass.max(cutlass.min(cute.ceil_div(first_visible, block_n),
+                                           right_start), n_min)
+    return left_end, right_start
+
+
+@cute.jit
+def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
+               col0: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
+               left: cutlass.Int32, right: cutlass.Int32, windowed: cutlass.Constexpr):
+    """Set masked scores of the tile to -inf (``tScS_mn``: local (row, col) of each element)."""
+    s_mn = acc_mn_view(acc_S)
+    if cutlass.const_expr(not windowed):
+        cols_left = seqlen_k - col0
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            if tScS_mn[0, c][1] >= cols_left:
+                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                    s_mn[r, c] = -cutlass.Float32.inf
+    else:
+        # Per row: keys [lo, hi) relative to the tile's first column.
+        base = row0 + seqlen_k - seqlen_q - col0
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            row = tScS_mn[r, 0][0]
+            hi = cutlass.min(base + row + right + 1, seqlen_k - col0)
+            lo = base + row - left
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                col = tScS_mn[0, c][1]
+                if col >= hi:
+                    s_mn[r, c] = -cutlass.Float32.inf
+                if col < lo:
+                    s_mn[r, c] = -cutlass.Float32.inf

@@ -1,0 +1,217 @@
+"""The forward pass as torch custom ops, so torch.compile traces it and CUDA graphs capture it.
+
+Two ops, each taking dense (BSHD) and packed varlen inputs alike, as
+:func:`attnlab.runtime.launch_forward` does (the ``cu_seqlens`` are None for dense):
+
+* ``attnlab::attention_fwd`` returns a new ``(out, lse)``; ``attention()`` uses it when the
+  caller gives no ``out``.
+* ``attnlab::attention_fwd_out`` writes the caller's ``out`` (declared mutated) and returns
+  ``lse``.
+
+Their fake (meta) implementations allocate exactly what the real ones do, so torch.compile
+sees the right shapes, dtypes and strides without running a kernel. The real implementation is
+safe inside CUDA-graph capture: it reads only host-side metadata and data pointers, never
+tensor values, and allocates nothing but ``out`` and ``lse``.
+
+A FlashConfig cannot cross the op boundary, so it travels as its fields: the int and bool ones
+as a list of ints, which torch.compile may make symbolic (it does once a call site recompiles
+for a second config), the str ones joined into one string, which it keeps constant. An empty
+list and string stand for "no config": the op asks dispatch for the default at launch, where
+the tuning cache can be read (torch.compile cannot trace the file read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from attnlab.config import FlashConfig
+from attnlab.validation import check_data_pointers, describe
+
+#: Joins the str fields of a config; no field value contains it.
+_STR_SEPARATOR = ","
+
+
+def encode_config(config: FlashConfig | None) -> tuple[list[int], str]:
+    """A config as custom-op arguments: (int and bool fields as ints, str fields joined)."""
+    if config is None:
+        return [], ""
+    ints: list[int] = []
+    strs: list[str] = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if _is_str_field(field):
+            strs.append(value)
+        else:
+            ints.append(int(value))
+    return ints, _STR_SEPARATOR.join(strs)
+
+
+def decode_config(ints: list[int], strs: str) -> FlashConfig | None:
+    """The config :func:`encode_config` encoded (None for none)."""
+    if not ints and not strs:
+        return None
+    int_values = iter(ints)
+    str_values = iter(strs.split(_STR_SEPARATOR))
+    values: dict[str, object] = {}
+    for field in dataclasses.fields(FlashConfig):
+        if _is_str_field(field):
+            values[field.name] = next(str_values)
+        elif isinstance(field.default, bool):
+            values[field.name] = bool(next(int_values))
+        else:
+            values[field.name] = next(int_values)
+    return FlashConfig(**values)  # type: ignore[arg-type]
+
+
+def _is_str_field(field: dataclasses.Field) -> bool:
+    # Every FlashConfig field has a default (FlashConfig() is the kernel's baseline), and its
+    # type is the field's: annotations are strings here, defaults are not.
+    return isinstance(field.default, str)
+
+
+def new_out(q: torch.Tensor) -> torch.Tensor:
+    """The output the op allocates: dense, q's shape and dtype, even when q is a strided view."""
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def new_lse(q: torch.Tensor, varlen: bool) -> torch.Tensor:
+    """fp32 log-sum-exp: ``[B, Hq, Sq]`` dense, ``[Hq, total_q]`` varlen (flash_attn's layouts)."""
+    shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("attnlab::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    config_ints: list[int],
+    config_strs: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward attention on validated inputs into new ``(out, lse)``; see the module docstring."""
+    out, lse = new_out(q), new_lse(q, varlen=cu_seqlens_q is not None)
+    _forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+             softmax_scale, window_left, window_right, config_ints, config_strs)
+    return out, lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    config_ints: list[int],
+    config_strs: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return new_out(q), new_lse(q, varlen=cu_seqlens_q is not None)
+
+
+@torch.library.custom_op("attnlab::attention_fwd_out", mutates_args=("out",))
+def attention_fwd_out(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    config_ints: list[int],
+    config_strs: str,
+) -> torch.Tensor:
+    """Forward attention on validated inputs into the caller's ``out``; returns a new ``lse``."""
+    lse = new_lse(q, varlen=cu_seqlens_q is not None)
+    _forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+             softmax_scale, window_left, window_right, config_ints, config_strs)
+    return lse
+
+
+@attention_fwd_out.register_fake
+def _attention_fwd_out_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    config_ints: list[int],
+    config_strs: str,
+) -> torch.Tensor:
+    return new_lse(q, varlen=cu_seqlens_q is not None)
+
+
+# --------------------------------------------------------------------------------------------
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    config_ints: list[int],
+    config_strs: str,
+) -> None:
+    """Write ``out`` and ``lse``: the empty-input fast paths, or dispatch and one launch."""
+    check_data_pointers(q, k, v, out)
+    if q.numel() == 0:
+        return
+    # Dim -3 is Sk dense and total_k varlen: either way zero means no row has a key. Softmax
+    # over no keys: the empty sum gives lse = -inf and a zero output.
+    if k.shape[-3] == 0:
+        out.zero_()
+        lse.fill_(-torch.inf)
+        return
+    # Imported here: both pull in the CuTe DSL, which `import attnlab` must not pay for.
+    from attnlab import dispatch, runtime
+
+    window = (window_left, window_right)
+    config = decode_config(config_ints, config_strs)
+    if config is None:
+        problem = describe(q, k, softmax_scale, window, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+        config = dispatch.default_config(q.device, problem)
+    config.check_problem(q.shape[-1], dispatch.arch_of(q.device))
+    runtime.launch_forward(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        softmax_scale,
+        config,
+        window=window,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )

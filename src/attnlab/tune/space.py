@@ -1,0 +1,30 @@
+"""The configurations the autotuner considers."""
+
+from __future__ import annotations
+
+import itertools
+
+from attnlab.config import ConfigError, FlashConfig
+
+
+def search_space(wide: bool = False) -> list[FlashConfig]:
+    """Valid configs over block shapes, warps, sub-tiling and double buffering.
+
+    Kernels 3 and 6 (eager loads, fused softmax) and cp.async are always on: the seeds' tuning
+    (kernel 7) kept them fixed. ``wide`` also varies the K and V sub-tiles separately and tries
+    the +8 padding instead of the XOR swizzle.
+    """
+    frags = (0, 2)
+    kv_frags = list(itertools.product(frags, frags)) if wide else [(f, f) for f in frags]
+    swizzles = ("xor", "pad8") if wide else ("xor",)
+    configs = []
+    for block_m, block_n, warps, q, (k, v), buffer, swizzle in itertools.product(
+            (64, 128), (32, 64, 128), (4, 8), frags, kv_frags, (False, True), swizzles):
+        try:
+            configs.append(FlashConfig(
+                block_m=block_m, block_n=block_n, num_warps=warps, async_copy=True,
+                swizzle=swizzle, eager_kv_loads=True, q_frags_per_load=q, k_frags_per_load=k,
+                v_frags_per_load=v, double_buffer_smem_to_rf=buffer, fused_softmax=True))
+        except ConfigError:
+            continue  # e.g. 8 warps cannot split 64 rows into 16-row MMA tiles
+    return configs

@@ -1,0 +1,186 @@
+"""The measuring half without a GPU: timing statistics, FLOPs, ratios, reports, JSON, plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from attnlab.bench.report import (
+    bench_table,
+    ladder_rows,
+    ladder_table,
+    load_results,
+    plot_bench,
+    plot_ladder,
+    reference_tflops,
+    write_json,
+)
+from attnlab.bench.runner import REFERENCE, Point, Result, harmonic_mean, ratios, tokens_grid
+from attnlab.bench.timing import Timing, attention_flops, summarize, tflops, time_calls
+
+
+class FakeClock:
+    """Each call of the timed function advances time by a scripted amount (ms)."""
+
+    def __init__(self, durations: list[float]):
+        self.now = 0.0
+        self.durations = iter(durations)
+        self.waits = 0
+
+    def advance(self) -> None:
+        self.now += next(self.durations)
+
+    def mark(self) -> float:
+        return self.now
+
+    def wait(self) -> None:
+        self.waits += 1
+
+    def elapsed_ms(self, start: float, stop: float) -> float:
+        return stop - start
+
+
+def test_time_calls_skips_warmup_and_rotates_inputs():
+    clock = FakeClock([100.0, 100.0] + [3.0, 1.0, 2.0, 5.0, 4.0])
+    seen = []
+
+    def fn(i):
+        seen.append(i)
+        clock.advance()
+
+    timing = time_calls(fn, warmup=2, runs=5, rotations=3, clock=clock)
+    assert seen == [0, 1, 0, 1, 2, 0, 1]  # warm-ups, then timed runs, each cycling the sets
+    assert timing == Timing(median_ms=3.0, min_ms=1.0, max_ms=5.0, runs=5)
+    assert clock.waits == 2  # once before the timed runs, once before reading the marks
+
+
+@pytest.mark.parametrize("runs,warmup,rotations", [(0, 1, 1), (5, -1, 1), (5, 1, 0)])
+def test_time_calls_rejects_bad_counts(runs, warmup, rotations):
+    with pytest.raises(ValueError):
+        time_calls(lambda i: None, runs=runs, warmup=warmup, rotations=rotations,
+                   clock=FakeClock([]))
+
+
+def test_summarize_even_count_median_and_empty():
+    assert summarize([4.0, 1.0, 2.0, 3.0]).median_ms == 2.5
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_flops_and_tflops():
+    # The issue's headline shape: 16k tokens at seq 4096 (B=4), 16 heads of 128.
+    flops = attention_flops(4, 16, 4096, 4096, 128)
+    assert flops == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert attention_flops(4, 16, 4096, 4096, 128, causal=True) == flops / 2
+    assert tflops(flops, 1.0) == pytest.approx(flops / 1e-3 / 1e12)
+
+
+def test_harmonic_mean():
+    assert harmonic_mean([1.0, 2.0]) == pytest.approx(4 / 3)
+    assert harmonic_mean([0.9] * 6) == pytest.approx(0.9)
+    for bad in ([], [1.0, 0.0], [1.0, -2.0]):
+        with pytest.raises(ValueError):
+            harmonic_mean(bad)
+
+
+def test_tokens_grid_keeps_tokens_and_hidden():
+    points = tokens_grid(16384, 2048, [512, 16384], [64, 128], ["bfloat16"])
+    assert [(p.batch, p.seqlen_q, p.heads, p.head_dim) for p in points] == [
+        (32, 512, 32, 64), (1, 16384, 32, 64), (32, 512, 16, 128), (1, 16384, 16, 128)]
+    assert all(p.kv_heads == p.heads and not p.causal for p in points)
+
+
+def test_tokens_grid_causal_and_gqa():
+    points = tokens_grid(16384, 2048, [4096], [128], ["bfloat16"], (False, True), gqa_group=4)
+    assert [(p.causal, p.heads, p.kv_heads) for p in points] == [(False, 16, 4), (True, 16, 4)]
+    assert points[1].flops == points[0].flops / 2
+    assert "H=16/4" in points[0].label() and "causal" in points[1].label()
+
+
+def fake_results(speed: dict[str, dict[int, float]]) -> list[Result]:
+    """Results whose median ms is 1 / speed (so the ratio to the reference is the speed)."""
+    results = []
+    for impl, per_seq in speed.items():
+        for seqlen, s in per_seq.items():
+            point = Point(16384 // seqlen, seqlen, seqlen, 16, 128)
+            ms = 1.0 / s
+            results.append(Result(point, impl, Timing(ms, ms * 0.9, ms * 1.2, 30)))
+    return results
+
+
+SPEEDS = {REFERENCE: {1024: 1.0, 4096: 1.0}, "k01": {1024: 0.2, 4096: 0.25},
+          "k02": {1024: 0.6, 4096: 0.8}}
+
+
+def test_ratios_are_per_point_against_the_reference():
+    r = ratios(fake_results(SPEEDS))
+    point = Point(4, 4096, 4096, 16, 128)
+    assert r[(point, "k02")] == pytest.approx(0.8)
+    assert r[(point, REFERENCE)] == pytest.approx(1.0)
+
+
+def test_ladder_rows_percent_harmonic_mean_and_delta():
+    rows = ladder_rows(fake_results(SPEEDS), {"k01": "base", "k02": "swizzling"}, anchor=4096)
+    assert [r.name for r in rows] == ["k01", "k02"]
+    assert rows[0].pct_at_anchor == pytest.approx(25.0)
+    assert rows[0].harmonic_mean_pct == pytest.approx(harmonic_mean([20.0, 25.0]))
+    assert rows[0].delta_pct is None
+    assert rows[1].delta_pct == pytest.approx(55.0)
+
+
+def render(table) -> str:
+    console = Console(record=True, width=200)
+    console.print(table)
+    return console.export_text()
+
+
+def test_tables_show_tflops_and_ratios():
+    results = fake_results(SPEEDS)
+    text = render(bench_table(results, "t"))
+    assert "k02" in text and "0.800x" in text and "0.250x" in text
+    rows = ladder_rows(results, {"k01": "base", "k02": "swizzling"})
+    ref = reference_tflops(results)
+    assert ref == pytest.approx(Point(4, 4096, 4096, 16, 128).flops / 1e-3 / 1e12)
+    text = render(ladder_table(rows, ref, "t"))
+    assert "80.0%" in text and "+55.0" in text and f"{ref:.1f}" in text
+
+
+def test_failed_implementation_is_a_row_not_a_crash():
+    point = Point(4, 4096, 4096, 16, 128)
+    results = fake_results({REFERENCE: {4096: 1.0}})
+    results.append(Result(point, "peer", None, "RuntimeError: no kernel"))
+    assert "failed" in render(bench_table(results, "t"))
+    assert (point, "peer") not in ratios(results)
+
+
+def test_json_round_trip_and_schema(tmp_path):
+    results = fake_results(SPEEDS)
+    rows = ladder_rows(results, {"k01": "base"})
+    path = write_json(tmp_path / "x.json", "ladder", results, rows=rows)
+    payload = json.loads(path.read_text())
+    assert payload["schema"] == 1 and payload["kind"] == "ladder"
+    assert payload["reference"] == REFERENCE
+    assert {"torch", "python", "cutlass_dsl"} <= set(payload["environment"])
+    first = payload["results"][0]
+    assert set(first) == {"point", "impl", "timing", "tflops", "error"}
+    assert set(first["timing"]) == {"median_ms", "min_ms", "max_ms", "runs"}
+    assert payload["rows"][0]["name"] == "k01"
+    assert load_results(path) == results
+
+
+def test_load_rejects_other_schemas(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"schema": 99, "results": []}))
+    with pytest.raises(ValueError, match="schema"):
+        load_results(path)
+
+
+def test_plots_are_pngs(tmp_path):
+    results = fake_results(SPEEDS)
+    for path in (plot_bench(results, tmp_path / "b.png"),
+                 plot_ladder(ladder_rows(results, {"k01": "a", "k02": "b"}),
+                             tmp_path / "l.png")):
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -1,0 +1,131 @@
+"""``attnlab sass``, ``attnlab banks``, ``attnlab occupancy`` through typer's test runner (no GPU:
+the configs are cross-compiled)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from attnlab.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    # Shared with the analysis tests' compile cache (same session folder).
+    path = tmp_path_factory.getbasetemp() / "attnlab-artifacts"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_help_lists_the_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("sass", "banks", "occupancy"):
+        assert command in result.output
+    sass_help = invoke("sass", "--help")
+    assert sass_help.exit_code == 0 and "--vs" in sass_help.output and "--controls" in \
+        sass_help.output
+
+
+def test_sass_vs(artifacts):
+    result = invoke("sass", "k02", "--arch", "sm_80", "--vs", "k01", "--head-dim", "64",
+                    "--artifacts", artifacts, "--gpu", "A100")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "static (build-time) counts" in out
+    for heading in ("Instruction groups", "Seed evidence", "Largest opcode changes",
+                    "Stall cycles per opcode", "Resources and occupancy (A100"):
+        assert heading in out
+    for row in ("LDSM address registers", "LDGSTS address registers", "copies feeding HMMA",
+                "CS2R", "useful_pct", "HMMA -> HMMA cycles", "min 8", "CTAs/SM on A100"):
+        assert row in out
+    assert "next cliff (k02)" in out and "next cliff (k01)" in out
+    assert "ratio" in out and "x │" in out
+
+
+def test_sass_json_and_controls(artifacts):
+    result = runner.invoke(app, ["sass", "k01", "--arch", "sm_80", "--head-dim", "64", "--json",
+                                 "--controls", "--artifacts", artifacts])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["counts"] == "static (build-time)"
+    (kernel,) = data["kernels"]
+    assert kernel["label"] == "k01" and kernel["config"]["swizzle"] == "none"
+    assert kernel["sass"]["opcodes"]["HMMA"] > 0
+    assert kernel["resources"]["dynamic_shared_bytes"] == 3 * 64 * 64 * 2
+    assert kernel["occupancy"]["gpu"] == "H100 SXM"
+    controls = kernel["controls"]
+    assert len(controls) == kernel["sass"]["instructions"]
+    assert all(c["text"].startswith("[B") for c in controls)
+    assert "diff" not in data
+
+
+def test_sass_controls_listing(artifacts):
+    result = invoke("sass", "k01", "--arch", "sm_80", "--head-dim", "64", "--controls",
+                    "--artifacts", artifacts)
+    assert result.exit_code == 0, result.output
+    assert "Control codes of k01 (sm_80)" in result.output
+    assert "[B------:R-:W-:-:S02]" in result.output and "HMMA.16816.F32.BF16" in result.output
+
+
+def test_banks_vs():
+    result = invoke("banks", "k01", "--vs", "k02")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "row-major, 256-byte rows" in out and "XOR swizzle" in out
+    ldmatrix = next(line for line in out.splitlines() if "Q ldmatrix.x4" in line)
+    assert "32 (4)" in ldmatrix and "8/8/8/8" in ldmatrix and "1/1/1/1" in ldmatrix
+    assert "0.125x" in ldmatrix
+    store = next(line for line in out.splitlines() if "O fragment" in line)
+    assert "8 (1)" in store and "1 (1)" in store
+
+
+def test_banks_json_and_config_file(tmp_path):
+    path = tmp_path / "padded.json"
+    path.write_text(json.dumps({"swizzle": "pad8", "async_copy": False,
+                                "eager_kv_loads": False}))
+    result = runner.invoke(app, ["banks", str(path), "--head-dim", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    (kernel,) = json.loads(result.stdout)["kernels"]
+    assert kernel["label"] == "padded"
+    assert {a["max_ways"] for a in kernel["accesses"]} == {1}
+    assert kernel["accesses"][0]["name"] == "Q st.shared (16 B)"
+
+
+def test_occupancy(artifacts):
+    result = invoke("occupancy", "k01", "--gpu", "RTX3090", "--gpu", "A100", "--arch", "sm_80",
+                    "--head-dim", "64", "--artifacts", artifacts)
+    assert result.exit_code == 0, result.output
+    assert "RTX 3090" in result.output and "A100" in result.output
+    assert "next cliff on RTX 3090" in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("sass", "k99"), "neither a ladder config"),
+    (("banks", "nope.json"), "neither a ladder config"),
+    (("banks", "k01", "--vs", "k42"), "k42"),
+    (("banks", "k01", "--head-dim", "80"), "head_dim=80"),
+    (("sass", "k01", "--arch", "sm_70"), "sm_70"),
+    (("sass", "k01", "--dtype", "float32"), "float32"),
+    (("sass", "k01", "--gpu", "B200"), "unknown GPU"),
+    (("occupancy", "k01", "--gpu", "B200"), "unknown GPU"),
+])
+def test_argument_errors(args, message):
+    result = invoke(*args)
+    assert result.exit_code != 0
+    assert message in result.output
+
+
+def test_bad_config_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"block_m": 48}))
+    result = invoke("banks", str(path))
+    assert result.exit_code != 0 and "block_m" in result.output

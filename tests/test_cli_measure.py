@@ -1,0 +1,67 @@
+"""``attnlab bench|ladder|tune``: help, argument errors and the GPU-less paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnlab.cli import app
+from attnlab.tune.cache import TuneCache, TuneKey
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    # rich sizes tables to the terminal; a wide one keeps cells untruncated for the asserts.
+    monkeypatch.setenv("COLUMNS", "220")
+
+
+@pytest.mark.parametrize("command", ["bench", "ladder", "tune"])
+def test_help(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "--seqlens" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "--seqlens", "512,x"], "comma-separated integers"),
+    (["bench", "--seqlens", "0"], "positive integers"),
+    (["bench", "--dtypes", "fp8"], "unknown dtype 'fp8'"),
+    (["bench", "--mode", "diagonal"], "expected one of full, causal, both"),
+    (["bench", "--gqa", "0"], "greater than or equal to 1"),
+    (["bench", "--impls", "sdpa_flash,nope"], "unknown ['nope']"),
+    (["bench", "--config", "k99"], "neither a ladder config"),
+    (["bench", "--runs", "5"], "greater than or equal to 20"),
+    (["ladder", "--anchor", "4000"], "4000 is not one of --seqlens"),
+    (["tune", "--dtype", "int8"], "unknown dtype"),
+])
+def test_argument_errors(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+@pytest.mark.parametrize("command", [["bench", "--quick"], ["ladder"], ["tune"]])
+def test_timing_commands_need_a_gpu(command):
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2
+    assert "needs a CUDA GPU" in result.output
+
+
+def test_tune_show_and_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_TUNE_CACHE", str(tmp_path / "tune.json"))
+    cache = TuneCache()
+    from attnlab import ladder
+
+    cache.put(TuneKey("NVIDIA H200", "90", "bfloat16", 128, False, 4096), ladder.k06,
+              best_ms=1.25, default_ms=1.5)
+    cache.save()
+    shown = runner.invoke(app, ["tune", "--show"])
+    assert shown.exit_code == 0
+    assert "NVIDIA H200" in shown.output and "1.250" in shown.output
+    cleared = runner.invoke(app, ["tune", "--clear"])
+    assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
+    assert "empty" in runner.invoke(app, ["tune", "--show"]).output

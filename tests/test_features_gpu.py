@@ -1,0 +1,347 @@
+"""GPU correctness of the attention features against the fp64 reference.
+
+Causal (Sq == Sk, Sq < Sk, Sq > Sk), sliding windows, GQA/MQA, ragged varlen batches with empty
+sequences, every supported head dim, ``out=``, ``sdpa``, torch.compile and CUDA graphs.
+
+The bound is that of tests/test_forward_gpu.py: our relative L2 error against the fp64
+reference may be at most 1.5x torch SDPA's on the same inputs (k/v heads expanded for SDPA).
+Which SDPA backend gives that yardstick depends on the mask:
+
+* none, or causal with Sq == Sk (where top-left and bottom-right alignment agree): the flash
+  backend, the official FlashAttention-2;
+* any other mask (causal with Sq != Sk, windows): the efficient backend (math if it declines)
+  with an explicit boolean mask from ``reference.window_mask``, since flash takes no mask and
+  its ``is_causal`` is top-left aligned. Rows that see no key come out NaN or arbitrary there;
+  they are set to 0, the reference's value, before measuring.
+
+Kernel checks launch ``runtime.launch_forward`` straight into NaN-filled ``out`` and ``lse``, so
+an unwritten element fails; rows that see no key must be exactly 0 with lse exactly -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnlab
+from attnlab import ladder, reference
+from attnlab.config import SUPPORTED_HEAD_DIMS
+from attnlab.validation import describe
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: Never let the bound collapse to zero when both errors are exact (e.g. one key returns V).
+ERROR_FLOOR = 1e-6
+#: LSE is computed in fp32 with approximate exp2/log2: an absolute bound in nats.
+LSE_TOLERANCE = 2e-3
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def dense_inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed):
+    """q ``[B, Sq, H, D]``, k and v ``[B, Sk, Hkv, D]``, standard normal on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    return (randn(batch, seqlen_q, heads, head_dim), randn(batch, seqlen_k, heads_kv, head_dim),
+            randn(batch, seqlen_k, heads_kv, head_dim))
+
+
+def varlen_inputs(seqlens_q, seqlens_k, heads, heads_kv, head_dim, dtype, seed):
+    """Packed q/k/v and int32 offsets; max lengths exact."""
+    q, k, v = (t[0] for t in dense_inputs(1, sum(seqlens_q), sum(seqlens_k), heads, heads_kv,
+                                          head_dim, dtype, seed))
+
+    def offsets(seqlens):
+        return torch.tensor([0, *seqlens], device="cuda").cumsum(0).to(torch.int32)
+
+    return q, k, v, offsets(seqlens_q), offsets(seqlens_k), max(seqlens_q), max(seqlens_k)
+
+
+def sdpa_output(q, k, v, scale: float, window: tuple[int, int]) -> torch.Tensor:
+    """torch SDPA on BSHD q/k/v (k/v heads expanded), the yardstick described above."""
+    group = q.shape[2] // k.shape[2]
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, dim=2),
+                                               v.repeat_interleave(group, dim=2)))
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    mask = reference.window_mask(seqlen_q, seqlen_k, window, q.device)
+    if mask is None or (window == (-1, 0) and seqlen_q == seqlen_k):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale,
+                                                 is_causal=mask is not None)
+    else:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        sees_a_key = mask.any(dim=1).view(1, 1, seqlen_q, 1)
+        out = out.masked_fill(~sees_a_key, 0.0)
+    return out.transpose(1, 2)
+
+
+def launch_poisoned(q, k, v, scale, window, config=None, varlen=None):
+    """Launch the kernel straight into NaN-filled out and lse; the default config unless given.
+
+    ``varlen`` is ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` for packed inputs.
+    """
+    from attnlab import dispatch, runtime
+
+    cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, None, None)
+    out = torch.full_like(q, math.nan)
+    lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    lse = torch.full(lse_shape, math.nan, device=q.device)
+    if config is None:
+        problem = describe(q, k, scale, window, cu_q, max_q, max_k)
+        config = dispatch.default_config(q.device, problem)
+    runtime.launch_forward(q, k, v, out, lse, scale, config, window=window, cu_seqlens_q=cu_q,
+                           cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def assert_rows(out, lse, ref_out, ref_lse) -> None:
+    """No NaN; rows that see no key exactly 0 / -inf; lse close elsewhere.
+
+    Works for both layouts: out ``[B, Sq, H, D]`` with lse ``[B, H, Sq]``, and packed out
+    ``[total_q, H, D]`` with lse ``[H, total_q]``.
+    """
+    assert not out.isnan().any(), "output has NaN (unwritten or poisoned elements)"
+    assert not lse.isnan().any(), "lse has NaN (unwritten or poisoned elements)"
+    no_keys = ref_lse == -math.inf
+    assert torch.equal(lse == -math.inf, no_keys), "lse must be -inf exactly where no key is seen"
+    # Move out's head dim in front of its row dim, so that its rows line up with lse's.
+    rows = out.movedim(-2, -3)
+    assert (rows[no_keys] == 0).all(), "rows that see no key must be 0"
+    lse_err = (lse.double() - ref_lse)[~no_keys].abs().max().item() if (~no_keys).any() else 0.0
+    assert lse_err < LSE_TOLERANCE, f"max |lse - ref| = {lse_err:.3e}"
+
+
+def check_dense(q, k, v, window, config=None, scale=None):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out, lse = launch_poisoned(q, k, v, scale, window, config)
+    ref_out, ref_lse = reference.attention(q, k, v, softmax_scale=scale, window_size=window,
+                                           return_lse=True, compute_dtype=torch.float64)
+    assert_rows(out, lse, ref_out, ref_lse)
+    ours = rel_l2(out, ref_out)
+    theirs = rel_l2(sdpa_output(q, k, v, scale, window), ref_out)
+    assert ours <= max(1.5 * theirs, ERROR_FLOOR), (
+        f"window {window}: rel L2 error {ours:.3e} > 1.5 x SDPA {theirs:.3e}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
+CAUSAL_SHAPES = [
+    (3, 1, 1, 4, 4, 64),
+    (2, 1000, 1000, 8, 8, 128),  # Sq == Sk
+    (2, 127, 1000, 4, 4, 64),  # Sq < Sk: every row sees keys
+    (2, 1000, 127, 4, 4, 64),  # Sq > Sk: the first 873 rows see none
+    (1, 4097, 4097, 2, 2, 128),
+    (4, 77, 300, 8, 2, 128),  # GQA and Sq < Sk
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape", CAUSAL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_causal(shape, dtype):
+    check_dense(*dense_inputs(*shape, dtype, seed=sum(shape)), window=(-1, 0))
+
+
+@pytest.mark.parametrize("name", list(ladder.LADDER))
+def test_causal_gqa_on_every_ladder_config(name):
+    """Masking meets the tiling: every block_m/block_n of the ladder, diagonal blocks and all."""
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=1)
+    check_dense(q, k, v, window=(-1, 0), config=ladder.LADDER[name])
+
+
+@pytest.mark.parametrize("window", [(64, 0), (128, 128), (0, 0), (-1, 32), (200, -1)])
+@pytest.mark.parametrize(
+    "shape", [(2, 1000, 1000, 4, 4, 128), (2, 300, 1000, 4, 4, 64), (2, 1000, 300, 4, 4, 64)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_sliding_window(shape, window):
+    check_dense(*dense_inputs(*shape, torch.bfloat16, seed=sum(shape)), window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("heads_kv", [4, 1], ids=["gqa-4to1", "mqa"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+def test_gqa_and_mqa(heads_kv, window, dtype):
+    q, k, v = dense_inputs(2, 1000, 1000, 16, heads_kv, 128, dtype, seed=heads_kv)
+    check_dense(q, k, v, window=window)
+
+
+def test_gqa_reads_kv_in_place():
+    """k/v as strided views of one packed KV buffer: nothing is copied or expanded."""
+    kv = torch.randn(2, 700, 2, 2, 64, device="cuda", dtype=torch.float16)
+    k, v = kv.unbind(dim=2)
+    q = torch.randn(2, 500, 8, 64, device="cuda", dtype=torch.float16)
+    check_dense(q, k, v, window=(-1, 0), scale=0.2)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_every_supported_head_dim(head_dim):
+    q, k, v = dense_inputs(2, 513, 700, 4, 2, head_dim, torch.bfloat16, seed=head_dim)
+    check_dense(q, k, v, window=(-1, -1))
+    check_dense(q, k, v, window=(-1, 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Varlen: ragged, with empty q and empty k sequences
+SEQLENS_Q = [0, 1, 17, 300, 0, 1000, 64, 5]
+SEQLENS_K = [5, 0, 17, 1000, 0, 1000, 33, 0]
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (16, 16)])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_varlen_ragged(window, dtype):
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, 128, dtype,
+                                                      seed=11)
+    scale = 1 / math.sqrt(128)
+    out, lse = launch_poisoned(q, k, v, scale, window, varlen=(cu_q, cu_k, max_q, max_k))
+    ref_out, ref_lse = reference.attention_varlen(
+        q, k, v, cu_q, cu_k, max_q, max_k, window_size=window, return_lse=True,
+        compute_dtype=torch.float64,
+    )
+    assert_rows(out, lse, ref_out, ref_lse)
+    # SDPA per sequence, as dense batches of one; sequences without queries or keys stay 0.
+    yardstick = torch.zeros_like(q)
+    for b in range(len(SEQLENS_Q)):
+        rows = slice(cu_q[b].item(), cu_q[b + 1].item())
+        keys = slice(cu_k[b].item(), cu_k[b + 1].item())
+        if SEQLENS_Q[b] and SEQLENS_K[b]:
+            yardstick[rows] = sdpa_output(q[None, rows], k[None, keys], v[None, keys], scale,
+                                          window)[0]
+    ours, theirs = rel_l2(out, ref_out), rel_l2(yardstick, ref_out)
+    assert ours <= max(1.5 * theirs, ERROR_FLOOR), f"rel L2 {ours:.3e} > 1.5 x SDPA {theirs:.3e}"
+
+
+def test_varlen_api_matches_reference():
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(SEQLENS_Q, SEQLENS_K, 4, 4, 64,
+                                                      torch.float16, seed=2)
+    out, lse = attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                        return_lse=True, check_cu_seqlens=True)
+    ref_out, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                  causal=True, return_lse=True,
+                                                  compute_dtype=torch.float64)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    assert rel_l2(out, ref_out) < 1e-2
+    assert_rows(out, lse, ref_out, ref_lse)
+
+
+# --------------------------------------------------------------------------------------------
+# The public API: causal/window mapping, out=, sdpa
+def test_attention_api_causal_and_window():
+    q, k, v = dense_inputs(2, 257, 300, 8, 2, 128, torch.bfloat16, seed=3)
+    for kwargs, window in (({"causal": True}, (-1, 0)),
+                           ({"causal": True, "window_size": (32, 32)}, (32, 0)),
+                           ({"window_size": (16, 8)}, (16, 8))):
+        out, lse = attnlab.attention(q, k, v, return_lse=True, **kwargs)
+        ref_out, ref_lse = reference.attention(q, k, v, window_size=window, return_lse=True,
+                                               compute_dtype=torch.float64)
+        assert rel_l2(out, ref_out) < 1e-2, kwargs
+        assert_rows(out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd-view"])
+def test_out_is_written_in_place_and_returned(layout):
+    q, k, v = dense_inputs(2, 300, 400, 8, 8, 64, torch.float16, seed=4)
+    if layout == "bshd":
+        out = torch.full_like(q, math.nan)
+    else:
+        out = torch.full((2, 8, 300, 64), math.nan, device="cuda", dtype=q.dtype).transpose(1, 2)
+    strides, ptr = out.stride(), out.data_ptr()
+    result = attnlab.attention(q, k, v, causal=True, out=out)
+    assert result is out and out.stride() == strides and out.data_ptr() == ptr
+    ref = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
+    assert not out.isnan().any()
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(512, 512), (200, 512), (512, 200)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_matches_torch(seqlen_q, seqlen_k, is_causal):
+    """Against torch's own SDPA in fp64 (math backend): its semantics, top-left causal included."""
+    q, k, v = (t.transpose(1, 2) for t in dense_inputs(2, seqlen_q, seqlen_k, 8, 2, 64,
+                                                       torch.bfloat16, seed=seqlen_q))
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                          is_causal=is_causal, enable_gqa=True)
+    got = attnlab.sdpa(q, k, v, is_causal=is_causal, enable_gqa=True)
+    torch_bf16 = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    ours, theirs = rel_l2(got, want), rel_l2(torch_bf16, want)
+    assert ours <= max(1.5 * theirs, ERROR_FLOOR), f"{ours:.3e} > 1.5 x torch {theirs:.3e}"
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile and CUDA graphs: the same kernel, so results must be bit-identical to eager
+def test_torch_compile_fullgraph_equals_eager():
+    torch.compiler.reset()
+    q, k, v = dense_inputs(2, 300, 400, 8, 2, 128, torch.bfloat16, seed=5)
+    packed = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, 128, torch.bfloat16, seed=6)
+    out_buffer = torch.empty_like(q)
+
+    def fn(q, k, v, out_buffer, packed):
+        dense, lse = attnlab.attention(q, k, v, causal=True, return_lse=True)
+        windowed = attnlab.attention(q, k, v, window_size=(64, 0), out=out_buffer)
+        varlen = attnlab.attention_varlen(*packed, window_size=(32, 32))
+        bhsd = attnlab.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            is_causal=True, enable_gqa=True)
+        return dense, lse, windowed.clone(), varlen, bhsd
+
+    want = fn(q, k, v, torch.empty_like(q), packed)
+    got = torch.compile(fn, fullgraph=True)(q, k, v, out_buffer, packed)
+    for name, a, b in zip(("dense", "lse", "out=", "varlen", "sdpa"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(out_buffer, want[2])
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = dense_inputs(2, 300, 400, 8, 2, 128, torch.bfloat16, seed=7)
+    packed = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, 128, torch.bfloat16, seed=8)
+    vq, vk, vv, cu_q, cu_k = packed[:5]
+    # max lengths that any re-split of the same totals respects, so new offsets may be replayed.
+    max_q, max_k = vq.shape[0], vk.shape[0]
+
+    def step():
+        dense = attnlab.attention(q, k, v, causal=True, return_lse=True)
+        varlen = attnlab.attention_varlen(vq, vk, vv, cu_q, cu_k, max_q, max_k, causal=True,
+                                          return_lse=True)
+        return (*dense, *varlen)
+
+    # Warm up outside capture (compiles the kernels, reads the tuning cache), on a side stream
+    # as torch's CUDA-graph recipe asks.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    # New values in the static inputs, offsets included (same totals, other lengths).
+    fresh_q, fresh_k, fresh_v = dense_inputs(2, 300, 400, 8, 2, 128, torch.bfloat16, seed=9)
+    new_seqlens_q = [5, 0, 300, 17, 64, 1000, 0, 1]
+    new_seqlens_k = [17, 5, 0, 1000, 33, 1000, 0, 0]
+    fresh = varlen_inputs(new_seqlens_q, new_seqlens_k, 8, 2, 128, torch.bfloat16, seed=10)
+    for static, new in zip((q, k, v, vq, vk, vv, cu_q, cu_k),
+                           (fresh_q, fresh_k, fresh_v, *fresh[:5]), strict=True):
+        static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "lse", "varlen out", "varlen lse"), captured, step(),
+                          strict=True):
+        assert torch.equal(a, b), f"{name}: replay differs from eager on the new inputs"
+    # And the replay computed the new problem, not the captured one.
+    ref = reference.attention_varlen(vq, vk, vv, cu_q, cu_k, max_q, max_k, causal=True,
+                                     compute_dtype=torch.float64)
+    assert rel_l2(captured[2], ref) < 1e-2

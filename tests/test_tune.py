@@ -1,0 +1,144 @@
+"""Autotuner pieces that need no GPU: search space, selection, pruning summary, the cache, and
+the dispatch that reads it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from attnlab import dispatch, ladder
+from attnlab.config import FlashConfig
+from attnlab.tune.cache import SEQLEN_BUCKETS, TuneCache, TuneKey, seqlen_bucket
+from attnlab.tune.prune import Inspection
+from attnlab.tune.search import select_for_timing, summarize_pruning
+from attnlab.tune.space import search_space
+from attnlab.validation import Problem
+
+
+def test_search_space_is_valid_unique_and_holds_the_default():
+    space = search_space()
+    assert len(space) == len(set(space)) > 20
+    assert ladder.k07 in space  # tuning can always fall back to what it started from
+    assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
+    wide = search_space(wide=True)
+    assert set(space) < set(wide)
+    assert any(c.swizzle == "pad8" for c in wide)
+    assert any(c.k_frags_per_load != c.v_frags_per_load for c in wide)
+
+
+def test_select_for_timing_prefers_big_tiles_then_fewer_registers():
+    small = Inspection(FlashConfig(block_m=64, block_n=64), registers=128)
+    big_hungry = Inspection(FlashConfig(block_m=128, block_n=64), registers=250)
+    big_lean = Inspection(FlashConfig(block_m=128, block_n=64, q_frags_per_load=2),
+                          registers=200)
+    chosen, left_out = select_for_timing([small, big_hungry, big_lean], max_timed=2)
+    assert chosen == [big_lean.config, big_hungry.config]
+    assert left_out == 1
+
+
+def test_pruning_summary_adds_up():
+    summary = summarize_pruning(10, Counter({"register spills": 3, "compile error": 1}), 2)
+    assert summary == {"candidates": 10, "register spills": 3, "compile error": 1,
+                       "over the timing budget": 2, "timed": 4}
+
+
+@pytest.mark.parametrize("seqlen,bucket", [(1, 512), (512, 512), (513, 1024), (4096, 4096),
+                                           (4097, 8192), (100_000, 16384)])
+def test_seqlen_bucket(seqlen, bucket):
+    assert seqlen_bucket(seqlen) == bucket
+    assert bucket in SEQLEN_BUCKETS
+
+
+KEY = TuneKey("NVIDIA H200", "90", "bfloat16", 128, False, 4096)
+
+
+def test_cache_round_trip_and_clear(tmp_path):
+    path = tmp_path / "sub" / "tune.json"
+    cache = TuneCache(path)
+    assert cache.get(KEY) is None
+    cfg = ladder.k06.replace(block_m=128)
+    cache.put(KEY, cfg, best_ms=1.5, default_ms=1.6)
+    cache.save()
+    again = TuneCache(path)
+    assert again.get(KEY) == cfg
+    assert again.entries[KEY.text()]["best_ms"] == 1.5
+    assert again.get(TuneKey("NVIDIA H200", "90", "float16", 128, False, 4096)) is None
+    assert again.clear() == 1 and not path.exists()
+    assert TuneCache(path).entries == {}
+
+
+def test_cache_ignores_entries_it_cannot_read(tmp_path):
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"version": 1, "entries": {
+        KEY.text(): {"config": {"block_m": 3}}}}))  # invalid config: a user is not crashed
+    assert TuneCache(path).get(KEY) is None
+    path.write_text(json.dumps({"version": 0, "entries": {KEY.text(): {}}}))
+    assert TuneCache(path).entries == {}
+
+
+def test_default_path_honours_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_TUNE_CACHE", str(tmp_path / "t.json"))
+    assert TuneCache().path == tmp_path / "t.json"
+
+
+@pytest.fixture
+def fake_h200(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setenv("ATTNLAB_TUNE_CACHE", str(tmp_path / "tune.json"))
+    dispatch.reload_tune_cache()
+    yield TuneCache()
+    dispatch.reload_tune_cache()
+
+
+def problem(seqlen_q: int, dtype=torch.bfloat16) -> Problem:
+    return Problem(batch=4, seqlen_q=seqlen_q, seqlen_k=seqlen_q, num_heads=16, num_heads_kv=16,
+                   head_dim=128, dtype=dtype, softmax_scale=128**-0.5)
+
+
+def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
+    device = torch.device("cuda", 0)
+    assert dispatch.default_config(device, problem(4096)) == ladder.k07_for("sm_90a")
+    tuned = ladder.k06.replace(block_m=128, block_n=128, num_warps=8)
+    fake_h200.put(KEY, tuned)
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.default_config(device, problem(4096)) == tuned
+    assert dispatch.default_config(device, problem(3000)) == tuned  # same bucket
+    assert dispatch.default_config(device, problem(8192)) == ladder.k07  # no entry
+    assert dispatch.default_config(device, problem(4096, torch.float16)) == ladder.k07
+
+
+def inspected(registers: int, **changes) -> Inspection:
+    cfg = ladder.k06.replace(**changes)
+    return Inspection(cfg, registers=registers, smem_bytes=cfg.smem_bytes(128))
+
+
+@pytest.mark.parametrize("item,reason", [
+    (Inspection(ladder.k06, error="DSLRuntimeError: boom"), "compile error"),
+    (Inspection(ladder.k06, registers=255, stack_bytes=80, spills=True), "register spills"),
+    # 170 KiB of tiles fit an H100 CTA, but only one: 4 warps per SM, under the floor of 8.
+    (inspected(128, block_m=128, block_n=256, swizzle="pad8"), "occupancy"),
+    # 255 registers round to 256 per thread: two 4-warp CTAs fit 64 K registers, 8 warps.
+    (inspected(255), None),
+])
+def test_prune_reasons_on_h100(item, reason):
+    from attnlab.analysis.occupancy import get_spec
+    from attnlab.tune.prune import prune_reason
+
+    assert prune_reason(item, get_spec("H100"), min_warps_per_sm=8) == reason
+
+
+def test_prune_shared_memory_on_a100_and_counts():
+    from attnlab.analysis.occupancy import get_spec
+    from attnlab.tune.prune import prune
+
+    big = inspected(128, block_m=128, block_n=256, swizzle="pad8")
+    assert big.smem_bytes > get_spec("A100").smem_per_cta_optin
+    ok = inspected(168)
+    survivors, reasons = prune([big, ok, Inspection(ladder.k06, error="x")], get_spec("A100"))
+    assert survivors == [ok]
+    assert reasons == Counter({"shared memory": 1, "compile error": 1})
