@@ -12,7 +12,8 @@ from attnlab.cli import app
 pytestmark = pytest.mark.gpu
 
 
-def test_bench_quick_writes_table_json_png(tmp_path):
+def test_bench_quick_writes_table_json_png(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")  # rich fits tables to the terminal: keep names whole
     result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "sdpa_flash" in result.output and "attnlab" in result.output
@@ -21,3 +22,15 @@ def test_bench_quick_writes_table_json_png(tmp_path):
     assert {"attnlab", "sdpa_flash"} <= impls
     assert all(r["timing"]["runs"] >= 20 for r in payload["results"] if r["timing"])
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_reads_counters_for_ours_and_the_reference():
+    from attnlab.analysis.ncu import profile
+
+    target = ["--config", "k07", "--shape", "2,1024,1024,8,128"]
+    for impl in ("attnlab", "sdpa_flash"):
+        result = profile(impl, target)
+        assert result.metrics["duration_ns"] > 0
+        assert result.metrics["wavefronts_ld"] > 0
+        opcodes = result.metrics["per_opcode_with_modifier"]
+        assert isinstance(opcodes, dict) and any(op.startswith("HMMA") for op in opcodes)

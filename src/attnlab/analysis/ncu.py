@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -47,16 +48,20 @@ METRIC_SETS: dict[str, dict[str, str]] = {
         "dram_read_bytes": "dram__bytes_read.sum",
         "dram_write_bytes": "dram__bytes_write.sum",
         "l2_bytes": "lts__t_bytes.sum",
-        # Observation Z: ratio metrics under cp.async, checked against raw counts.
+        # Observation Z: a ratio metric under cp.async, checked against raw counts.
         "ldgsts_instructions": "smsp__inst_executed_op_ldgsts.sum",
-        "ldgsts_bypass_sectors":
-            "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum",
+        "l2_to_l1_read_bytes": "l1tex__m_xbar2l1tex_read_bytes.sum",
         "l1_hit_rate_pct": "l1tex__t_sector_hit_rate.pct",
     },
     "instructions by opcode (seed 003)": {
         "per_opcode_with_modifier": "sass__inst_executed_per_opcode_with_modifier_all",
     },
 }
+
+#: Opcodes (with modifiers) shown in the table: the seeds' scalar-overhead suspects.
+OPCODES_SHOWN = ("HMMA.16816.F32.BF16", "HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4",
+                 "FFMA", "FMUL", "FADD", "MUFU.EX2", "IMAD.MOV.U32", "MOV", "IMAD.SHL.U32",
+                 "LOP3.LUT", "SHF.L.U32", "IADD3", "CS2R", "BAR.SYNC.DEFER_BLOCKING")
 
 #: Kernel-name filters (ncu's ``regex:``) for each profiled implementation.
 KERNEL_FILTERS = {"attnlab": "regex:kernel_cutlass_kernel_attnlab", "sdpa_flash": "regex:flash"}
@@ -92,10 +97,17 @@ def parse_raw_csv(text: str) -> list[dict[str, str]]:
     return [dict(zip(header, row, strict=False)) for row in rows[2:]]
 
 
-def _number(text: str) -> float | str:
+_INSTANCE = re.compile(r"([A-Z][A-Z0-9_.]*)\s*:\s*([0-9][0-9,.]*)")
+
+
+def _number(text: str) -> float | str | dict[str, float]:
+    """A scalar metric as a float; an instanced one (``NAME: value; ...``) as a dict."""
     try:
         return float(text.replace(",", ""))
     except ValueError:
+        pairs = _INSTANCE.findall(text)
+        if pairs:
+            return {name: float(value.replace(",", "")) for name, value in pairs}
         return text
 
 
@@ -107,7 +119,7 @@ def profile(impl: str, target_args: list[str], *, timeout: int = 600) -> KernelP
         raise ProfilerUnavailable(f"Nsight Compute (ncu) is not installed: {exc}") from None
     wanted = all_metrics()
     command = [str(ncu), "--clock-control", "none", "--csv", "--page", "raw",
-               "--print-metric-instances", "values", "--metrics", ",".join(wanted.values()),
+               "--print-metric-instances", "details", "--metrics", ",".join(wanted.values()),
                "-k", KERNEL_FILTERS[impl], "-c", "1",
                sys.executable, "-m", "attnlab.bench.profile_target", "--impl", impl,
                *target_args]
@@ -137,10 +149,11 @@ def derived(p: KernelProfile) -> dict[str, float]:
     conflicts, wavefronts = num("bank_conflicts_ld"), num("wavefronts_ld")
     if conflicts is not None and wavefronts:
         out["ld_conflict_share_pct"] = 100 * conflicts / wavefronts
-    sectors, ldgsts = num("ldgsts_bypass_sectors"), num("ldgsts_instructions")
-    if sectors is not None and ldgsts:
-        # 32-byte sectors per warp-level cp.async: 16 B x 32 lanes = 16 sectors when coalesced.
-        out["sectors_per_ldgsts"] = sectors / ldgsts
+    l2_bytes, ldgsts = num("l2_to_l1_read_bytes"), num("ldgsts_instructions")
+    if l2_bytes is not None and ldgsts:
+        # Each warp-level cp.async moves 16 B x 32 lanes; bypassing L1 (.cg), all of it must
+        # come from L2, whatever the L1 hit-rate ratio metric says (seed 004, Observation Z).
+        out["l2_bytes_per_ldgsts_byte"] = l2_bytes / (ldgsts * 512)
     return out
 
 

@@ -11,8 +11,8 @@ from attnlab.bench.timing import time_calls
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Bytes/s of a device-to-device copy (read + write) and of an L2-resident copy, and the
-    bf16 matrix rate (FLOP/s) of a large GEMM on random data."""
+    """Bytes/s of a device-to-device copy (read + write), bytes/s read from an L2-resident
+    buffer, and the bf16 matrix rate (FLOP/s) of a large GEMM on random data."""
 
     dram_bytes_per_s: float
     l2_bytes_per_s: float
@@ -23,17 +23,33 @@ class Ceilings:
 
 
 def _copy_rate(nbytes: int, runs: int) -> float:
+    """Bytes/s (read + write) of copying ``nbytes`` device to device."""
     src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     timing = time_calls(lambda i: dst.copy_(src), warmup=3, runs=runs)
     return 2 * nbytes / (timing.median_ms * 1e-3)
 
 
+def _l2_read_rate(nbytes: int, runs: int, repeats: int = 50) -> float:
+    """Bytes/s read by reductions over a buffer that stays in L2; ``repeats`` per timed call so
+    that launch overhead is not what is timed. Reads only: writes would evict the buffer."""
+    buffer = torch.randn(nbytes // 4, device="cuda", dtype=torch.float32)
+    partial = torch.empty(nbytes // 4 // 4096, device="cuda", dtype=torch.float32)
+
+    def reads(i: int) -> None:
+        for _ in range(repeats):
+            torch.sum(buffer.view(-1, 4096), dim=1, out=partial)
+
+    timing = time_calls(reads, warmup=3, runs=runs)
+    return nbytes * repeats / (timing.median_ms * 1e-3)
+
+
 def measure_ceilings(runs: int = 20) -> Ceilings:
-    """Copy 2 GiB (DRAM), copy 8 MiB over and over (fits in L2), multiply 8192^3 in bf16."""
+    """Copy 2 GiB (DRAM), read half of the L2 over and over, multiply 8192^3 in bf16."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     gemm = time_calls(lambda i: a @ b, warmup=3, runs=runs)
-    return Ceilings(_copy_rate(2 << 30, runs), _copy_rate(8 << 20, runs * 5),
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return Ceilings(_copy_rate(2 << 30, runs), _l2_read_rate(l2 // 2, runs),
                     2 * n**3 / (gemm.median_ms * 1e-3))

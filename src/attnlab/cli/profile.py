@@ -42,7 +42,7 @@ def profile_command(
     out: Path = OUT_OPTION,
 ) -> None:
     """Nsight Compute metrics of one launch: bank conflicts, stalls, pipes, opcodes, bytes."""
-    from attnlab.analysis.ncu import METRIC_SETS, derived, save_json
+    from attnlab.analysis.ncu import METRIC_SETS, OPCODES_SHOWN, derived, save_json
     from attnlab.ladder import resolve
 
     try:
@@ -62,7 +62,10 @@ def profile_command(
         table.add_row(f"[bold]{group}[/bold]")
         for short in metrics:
             if short == "per_opcode_with_modifier":
-                continue  # long; it is in the JSON
+                # Executed counts of the seeds' suspects; every opcode is in the JSON.
+                for opcode in OPCODES_SHOWN:
+                    table.add_row(f"  {opcode}", *[_fmt(_opcode(p, opcode)) for p in profiles])
+                continue
             table.add_row(short, *[_fmt(p.metrics.get(short)) for p in profiles])
     table.add_row("[bold]derived[/bold]")
     for key in sorted({k for p in profiles for k in derived(p)}):
@@ -74,6 +77,11 @@ def profile_command(
             console.print(f"[yellow]{p.impl}: ncu did not report[/yellow] {missing}")
     out.mkdir(parents=True, exist_ok=True)
     console.print(f"wrote {save_json(out / f'profile_{config}.json', profiles)}")
+
+
+def _opcode(profile, opcode: str) -> float | None:
+    counts = profile.metrics.get("per_opcode_with_modifier")
+    return counts.get(opcode) if isinstance(counts, dict) else None
 
 
 def _fmt(value) -> str:
