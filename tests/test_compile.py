@@ -101,7 +101,7 @@ def test_compile_config_rejects_bad_problems(artifact_dir):
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
 def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artifact_dir):
-    cfg = ladder.k07_for("sm_90a", head_dim)
+    cfg = ladder.default_for("sm_90a", head_dim)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
     assert histogram(parse(sass_text))["HMMA"] == expected_hmma(cfg, head_dim)

@@ -21,7 +21,8 @@ from attnlab.validation import Problem
 def test_search_space_is_valid_unique_and_holds_the_default():
     space = search_space()
     assert len(space) == len(set(space)) > 20
-    assert ladder.k07 in space  # tuning can always fall back to what it started from
+    # Tuning can always fall back to what it started from.
+    assert ladder.default_for("sm_90a") in space
     assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
     wide = search_space(wide=True)
     assert set(space) < set(wide)
@@ -101,15 +102,16 @@ def problem(seqlen_q: int, dtype=torch.bfloat16) -> Problem:
 
 def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
     device = torch.device("cuda", 0)
-    assert dispatch.default_config(device, problem(4096)) == ladder.k07_for("sm_90a")
+    assert dispatch.default_config(device, problem(4096)) == ladder.default_for("sm_90a")
     tuned = ladder.k06.replace(block_m=128, block_n=128, num_warps=8)
     fake_h200.put(KEY, tuned)
     fake_h200.save()
     dispatch.reload_tune_cache()
     assert dispatch.default_config(device, problem(4096)) == tuned
     assert dispatch.default_config(device, problem(3000)) == tuned  # same bucket
-    assert dispatch.default_config(device, problem(8192)) == ladder.k07  # no entry
-    assert dispatch.default_config(device, problem(4096, torch.float16)) == ladder.k07
+    fallback = ladder.default_for("sm_90a")
+    assert dispatch.default_config(device, problem(8192)) == fallback  # no entry
+    assert dispatch.default_config(device, problem(4096, torch.float16)) == fallback
 
 
 def inspected(registers: int, **changes) -> Inspection:

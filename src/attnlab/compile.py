@@ -13,6 +13,7 @@ is static), so the cubin we analyse is the one we run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -52,7 +53,10 @@ class _StopBeforeJit(Exception):
     """Raised from the post-compile hook once the device binary is in hand."""
 
 
+@functools.cache
 def dsl_version() -> str:
+    # Cached: it is part of every launch's kernel-cache key, and reading package metadata
+    # costs far more than a small kernel runs.
     from importlib.metadata import version
 
     return version("nvidia-cutlass-dsl")

@@ -62,6 +62,9 @@ class FlashConfig:
             FADD + FMUL + exp2.
         reverse_kv: walk the K/V blocks from the last to the first (kernel 13), so the masked
             tail / causal diagonal block comes first.
+        unpredicated_full_tiles: copy a tile that lies wholly inside its sequence with plain
+            cp.async, after one uniform branch, instead of a predicated copy / zero-fill pair
+            per row (a kernel-12 clean-up found in the SASS: both halves issue either way).
     """
 
     block_m: int = 64
@@ -76,6 +79,7 @@ class FlashConfig:
     double_buffer_smem_to_rf: bool = True
     fused_softmax: bool = True
     reverse_kv: bool = False
+    unpredicated_full_tiles: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -160,6 +164,8 @@ class FlashConfig:
             flags.append("opt_softmax")
         if self.reverse_kv:
             flags.append("reverse_kv")
+        if self.unpredicated_full_tiles:
+            flags.append("unpredicated_full_tiles")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------

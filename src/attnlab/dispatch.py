@@ -1,8 +1,8 @@
 """Which kernel configuration serves a problem on a GPU.
 
 The tuning cache's entry for (GPU, capability, dtype, head dim, causal, seqlen bucket) when
-``attnlab tune`` wrote one; otherwise the built-in kernel-7 entry of the GPU's architecture
-family (``attnlab.ladder``).
+``attnlab tune`` wrote one; otherwise the built-in default of the GPU's architecture family
+(``attnlab.ladder.default_for``: kernel 7 plus later clean-ups).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
-from attnlab.ladder import k07_for
+from attnlab.ladder import default_for
 
 if TYPE_CHECKING:
     import torch
@@ -72,4 +72,4 @@ def default_config(device: torch.device, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses when the caller gives none."""
     dtype = str(problem.dtype).removeprefix("torch.")
     tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q))
-    return tuned if tuned is not None else k07_for(arch_of(device), problem.head_dim)
+    return tuned if tuned is not None else default_for(arch_of(device), problem.head_dim)

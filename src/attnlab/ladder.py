@@ -73,6 +73,12 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     return config
 
 
+def default_for(arch: str, head_dim: int = 128) -> FlashConfig:
+    """What ``attention()`` runs without a tuned entry: kernel 7 plus the clean-ups found in
+    its SASS since (``docs/ladder.md``), which every config gains from."""
+    return k07_for(arch, head_dim).replace(unpredicated_full_tiles=True)
+
+
 def get(name: str) -> FlashConfig:
     """A ladder configuration by name (``"k01"`` ... ``"k07"``)."""
     try:

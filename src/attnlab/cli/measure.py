@@ -243,13 +243,13 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
     from attnlab.analysis.occupancy import current_device_spec
     from attnlab.bench.runner import tokens_grid
     from attnlab.compile import dsl_version
-    from attnlab.ladder import k07_for
+    from attnlab.ladder import default_for
     from attnlab.tune.search import prune_space, time_candidates
     from attnlab.tune.space import search_space
 
     device = torch.device("cuda")
     arch = dispatch.arch_of(device)
-    default = k07_for(arch, head_dim)
+    default = default_for(arch, head_dim)
     space = search_space(wide)
     with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
         task = progress.add_task(f"compile + prune ({workers} workers)", total=len(space))

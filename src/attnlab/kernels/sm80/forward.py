@@ -258,14 +258,14 @@ class FlashForwardSm80:
 
         # ---- prologue: Q (and K_0 when loads are eager) -----------------------------------
         q_rows_left = seqlen_q - row0
-        self._load_rows(gmem_load, tQgQ, tQsQ, tQcQ, q_rows_left)
+        self._load_rows(gmem_load, tQgQ, tQsQ, tQcQ, q_rows_left, cfg.block_m)
         # Kernel 13: walking the K/V blocks backwards takes the masked tail (and a causal
         # diagonal) first, while the row maxima are still being established.
         first_block = n_max - 1 if cfg.reverse_kv else n_min
         if cutlass.const_expr(cfg.eager_kv_loads):
             if n_min < n_max:
                 self._load_rows(gmem_load, tKgK[None, None, None, first_block], tKsK, tKVcKV,
-                                seqlen_k - first_block * cfg.block_n)
+                                seqlen_k - first_block * cfg.block_n, cfg.block_n)
         self._commit()
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
@@ -337,12 +337,12 @@ class FlashForwardSm80:
             # K_j is in flight since the previous block; everyone is done with V_{j-1}.
             self._wait_all_and_sync()
             self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                            kv_rows_left)
+                            kv_rows_left, cfg.block_n)
             self._commit()
         else:
             # No barrier before overwriting K: every thread passed the one after S_{j-1}.
             self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK, tKVcKV,
-                            kv_rows_left)
+                            kv_rows_left, cfg.block_n)
             self._commit()
             self._wait_all_and_sync()
 
@@ -357,11 +357,11 @@ class FlashForwardSm80:
             if following >= n_min:
                 if following < n_max:
                     self._load_rows(gmem_load, tKgK[None, None, None, following], tKsK,
-                                    tKVcKV, kv_rows_left - step * cfg.block_n)
+                                    tKVcKV, kv_rows_left - step * cfg.block_n, cfg.block_n)
                     self._commit()
         else:
             self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                            kv_rows_left)
+                            kv_rows_left, cfg.block_n)
             self._commit()
             self._wait_all_and_sync()
 
@@ -378,12 +378,25 @@ class FlashForwardSm80:
 
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
-                   coord: cute.Tensor, rows_left: cutlass.Int32):
-        """Copy a tile to shared memory, zero-filling the rows at or past ``rows_left``.
+                   coord: cute.Tensor, rows_left: cutlass.Int32, tile_rows: cutlass.Constexpr):
+        """Copy a ``tile_rows``-row tile to shared memory, zero-filling rows past ``rows_left``.
 
         Rows past the end are never read from global memory; zeros keep stale shared memory
-        (possibly NaN bit patterns) out of the MMAs.
+        (possibly NaN bit patterns) out of the MMAs. With ``unpredicated_full_tiles``, a tile
+        wholly inside the sequence takes one uniform branch to plain copies instead of a
+        predicated copy / zero-fill pair per row (both halves of a pair issue either way).
         """
+        if cutlass.const_expr(self.cfg.unpredicated_full_tiles):
+            if rows_left >= tile_rows:
+                cute.copy(tiled_copy, src, dst)
+            else:
+                self._load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
+        else:
+            self._load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
+
+    @cute.jit
+    def _load_rows_predicated(self, tiled_copy: cute.TiledCopy, src: cute.Tensor,
+                              dst: cute.Tensor, coord: cute.Tensor, rows_left: cutlass.Int32):
         for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
             if coord[0, m, 0][0] < rows_left:
                 cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
