@@ -30,18 +30,15 @@ def _copy_rate(nbytes: int, runs: int) -> float:
     return 2 * nbytes / (timing.median_ms * 1e-3)
 
 
-def _l2_read_rate(nbytes: int, runs: int, repeats: int = 50) -> float:
-    """Bytes/s read by reductions over a buffer that stays in L2; ``repeats`` per timed call so
-    that launch overhead is not what is timed. Reads only: writes would evict the buffer."""
+def _l2_read_rate(nbytes: int, runs: int, passes: int = 64) -> float:
+    """Bytes/s read from an L2-resident buffer: one reduction kernel sums ``passes`` rows that
+    are all the same buffer (a stride-0 view), so each launch reads ``passes x nbytes`` from
+    L2 and launch overhead cannot dominate; reads only, so nothing evicts the buffer."""
     buffer = torch.randn(nbytes // 4, device="cuda", dtype=torch.float32)
-    partial = torch.empty(nbytes // 4 // 4096, device="cuda", dtype=torch.float32)
-
-    def reads(i: int) -> None:
-        for _ in range(repeats):
-            torch.sum(buffer.view(-1, 4096), dim=1, out=partial)
-
-    timing = time_calls(reads, warmup=3, runs=runs)
-    return nbytes * repeats / (timing.median_ms * 1e-3)
+    rows = buffer.unsqueeze(0).expand(passes, -1)
+    sums = torch.empty(passes, device="cuda", dtype=torch.float32)
+    timing = time_calls(lambda i: torch.sum(rows, dim=1, out=sums), warmup=3, runs=runs)
+    return nbytes * passes / (timing.median_ms * 1e-3)
 
 
 def measure_ceilings(runs: int = 20) -> Ceilings:
