@@ -184,3 +184,10 @@ def test_plots_are_pngs(tmp_path):
                              tmp_path / "l.png")):
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_ladder_rows_variant_delta_is_against_its_base():
+    speeds = {**SPEEDS, "pad8": {1024: 0.5, 4096: 0.7}}
+    rows = ladder_rows(fake_results(speeds), {"k01": "a", "k02": "b", "pad8": "variant"},
+                       bases={"pad8": "k01"})
+    assert rows[2].delta_pct == pytest.approx(70.0 - 25.0)

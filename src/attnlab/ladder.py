@@ -11,6 +11,9 @@ k05    + double-buffered shared->register loads
 k06    + FFMA-fused softmax with exp2
 k07    auto-tuned for the GPU at hand (``k07_for(arch)``; ``k07`` is the Hopper entry)
 =====  ==============================================================================
+
+The GA104 lab's variants (``LAB_VARIANTS``: ``pad8``, ``bc128``, ``br16``) each change one
+thing of kernel 7.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ LADDER: dict[str, FlashConfig] = {
     "k01": k01, "k02": k02, "k03": k03, "k04": k04, "k05": k05, "k06": k06, "k07": k07,
 }
 
+#: The GA104 lab's variants (seed 004), each one change to kernel 7 (its base).
+LAB_VARIANTS: dict[str, FlashConfig] = {
+    "pad8": k07.replace(swizzle="pad8"),  # Observation W: +8 halves per row, not the XOR
+    "bc128": k07.replace(block_n=128),  # B_c = 128: twice the MMAs per K/V load
+    "br16": k07.replace(block_m=64),  # 16 query rows per warp
+}
+LAB_BASE = "k07"
+
 #: What each step adds, for tables and plots.
 STEP_NAMES: dict[str, str] = {
     "k01": "base",
@@ -52,6 +63,9 @@ STEP_NAMES: dict[str, str] = {
     "k05": "double-buffered SMEM->RF loads",
     "k06": "FFMA-fused softmax",
     "k07": "auto-tuned",
+    "pad8": "lab: +8-half padding instead of swizzle",
+    "bc128": "lab: B_c = 128",
+    "br16": "lab: 16 rows per warp",
 }
 
 
@@ -79,12 +93,15 @@ def default_for(arch: str, head_dim: int = 128) -> FlashConfig:
     return k07_for(arch, head_dim).replace(unpredicated_full_tiles=True)
 
 
+NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS}
+
+
 def get(name: str) -> FlashConfig:
-    """A ladder configuration by name (``"k01"`` ... ``"k07"``)."""
+    """A named configuration: a ladder step (``"k01"`` ... ``"k07"``) or a lab variant."""
     try:
-        return LADDER[name]
+        return NAMED[name]
     except KeyError:
-        raise KeyError(f"unknown ladder config {name!r}; known: {sorted(LADDER)}") from None
+        raise KeyError(f"unknown ladder config {name!r}; known: {sorted(NAMED)}") from None
 
 
 def resolve(spec: str) -> FlashConfig:
@@ -92,10 +109,10 @@ def resolve(spec: str) -> FlashConfig:
     import json
     from pathlib import Path
 
-    if spec in LADDER:
-        return LADDER[spec]
+    if spec in NAMED:
+        return NAMED[spec]
     path = Path(spec)
     if path.suffix == ".json" and path.exists():
         return FlashConfig.from_dict(json.loads(path.read_text()))
-    raise KeyError(f"{spec!r} is neither a ladder config ({', '.join(LADDER)}) nor a JSON file "
+    raise KeyError(f"{spec!r} is neither a ladder config ({', '.join(NAMED)}) nor a JSON file "
                    "of FlashConfig fields")

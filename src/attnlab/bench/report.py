@@ -103,18 +103,23 @@ class LadderRow:
     delta_pct: float | None  # change of pct_at_anchor from the previous step, in points
 
 
-def ladder_rows(results: Sequence[Result], steps: dict[str, str], anchor: int = 4096
-                ) -> list[LadderRow]:
-    """Percent of the reference per ladder config, in ``steps`` order."""
+def ladder_rows(results: Sequence[Result], steps: dict[str, str], anchor: int = 4096,
+                bases: dict[str, str] | None = None) -> list[LadderRow]:
+    """Percent of the reference per config, in ``steps`` order. Each row's delta is against
+    the previous row, or against ``bases[name]`` for a variant of a step (lab variants)."""
     ratio = ratios(results)
-    rows, previous = [], None
+    bases = bases or {}
+    rows, at = [], {}
+    previous = None
     for name, step in steps.items():
         per_seq = {p.seqlen_q: v * 100 for (p, impl), v in ratio.items() if impl == name}
-        at_anchor = per_seq.get(anchor)
+        at[name] = per_seq.get(anchor)
         hmean = harmonic_mean(list(per_seq.values())) if per_seq else None
-        delta = None if at_anchor is None or previous is None else at_anchor - previous
-        rows.append(LadderRow(name, step, at_anchor, hmean, delta))
-        previous = at_anchor if at_anchor is not None else previous
+        base = at.get(bases[name]) if name in bases else previous
+        delta = None if at[name] is None or base is None else at[name] - base
+        rows.append(LadderRow(name, step, at[name], hmean, delta))
+        if name not in bases and at[name] is not None:
+            previous = at[name]
     return rows
 
 
@@ -132,7 +137,7 @@ def ladder_table(rows: Sequence[LadderRow], ref_tflops: float | None, title: str
     table.add_column("kernel")
     table.add_column("iteration")
     table.add_column(f"% of ref @ {anchor}", justify="right")
-    table.add_column("Δ vs previous", justify="right")
+    table.add_column("Δ vs previous (lab: vs k07)", justify="right")
     table.add_column("harmonic mean %", justify="right")
     for row in rows:
         table.add_row(row.name, row.step, _pct(row.pct_at_anchor),

@@ -164,7 +164,8 @@ def ladder(
     runs: int = typer.Option(30, min=20),
     out: Path = OUT_OPTION,
 ) -> None:
-    """The seeds' table: percent of SDPA flash per ladder step, at ANCHOR and harmonic mean."""
+    """The seeds' table: percent of SDPA flash per ladder step and lab variant, at ANCHOR and
+    as a harmonic mean over the seqlens; each step's delta to the previous (variants: to k07)."""
     from attnlab import ladder as ladder_configs
     from attnlab.bench.baselines import sdpa
     from attnlab.bench.report import (
@@ -184,19 +185,20 @@ def ladder(
     points = tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name])
     require_gpu()
     impls = {REFERENCE: sdpa(REFERENCE)}
-    impls.update({name: attnlab_impl(cfg) for name, cfg in ladder_configs.LADDER.items()})
+    impls.update({name: attnlab_impl(cfg) for name, cfg in ladder_configs.NAMED.items()})
     out.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         task = progress.add_task("ladder", total=len(points))
         results = measure_grid(points, impls, runs=runs,
                                on_point=lambda p: progress.advance(task))
-    rows = ladder_rows(results, ladder_configs.STEP_NAMES, anchor)
+    rows = ladder_rows(results, ladder_configs.STEP_NAMES, anchor,
+                       bases=dict.fromkeys(ladder_configs.LAB_VARIANTS, ladder_configs.LAB_BASE))
     ref = reference_tflops(results, anchor)
     console.print(ladder_table(rows, ref, _device_title(
         f"attnlab ladder, {dtype_name} hd{head_dim}"), anchor))
     stem = f"ladder_{dtype_name}_hd{head_dim}"
     json_path = write_json(out / f"{stem}.json", "ladder", results, rows=rows,
-                           configs={n: c.to_dict() for n, c in ladder_configs.LADDER.items()})
+                           configs={n: c.to_dict() for n, c in ladder_configs.NAMED.items()})
     png_path = plot_ladder(rows, out / f"{stem}.png", anchor)
     console.print(f"wrote {json_path} and {png_path}")
 
