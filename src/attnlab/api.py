@@ -179,8 +179,15 @@ def _run(
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call the functional op, or the mutating one when the caller gave ``out``."""
+    """Under torch.compile, call the functional op (or the mutating one when the caller gave
+    ``out``); eagerly, run the same body without the dispatcher."""
     max_seqlens = (problem.seqlen_q, problem.seqlen_k) if problem.varlen else (None, None)
+    if not torch.compiler.is_compiling():
+        out = ops.new_out(q) if out is None else out
+        lse = ops.new_lse(q, varlen=problem.varlen)
+        ops.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *max_seqlens,
+                    problem.softmax_scale, problem.window, config)
+        return out, lse
     args = (
         cu_seqlens_q,
         cu_seqlens_k,

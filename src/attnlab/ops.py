@@ -182,7 +182,30 @@ def _forward(
     config_ints: list[int],
     config_strs: str,
 ) -> None:
-    """Write ``out`` and ``lse``: the empty-input fast paths, or dispatch and one launch."""
+    """The ops' body: decode the config, then :func:`forward`."""
+    forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, (window_left, window_right), decode_config(config_ints, config_strs))
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window: tuple[int, int],
+    config: FlashConfig | None,
+) -> None:
+    """Write ``out`` and ``lse``: the empty-input fast paths, or dispatch and one launch.
+
+    What the ops run; eager calls come here directly (the dispatcher costs more than a small
+    kernel runs, and only torch.compile needs the op).
+    """
     check_data_pointers(q, k, v, out)
     if q.numel() == 0:
         return
@@ -195,8 +218,6 @@ def _forward(
     # Imported here: both pull in the CuTe DSL, which `import attnlab` must not pay for.
     from attnlab import dispatch, runtime
 
-    window = (window_left, window_right)
-    config = decode_config(config_ints, config_strs)
     if config is None:
         problem = describe(q, k, softmax_scale, window, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
         config = dispatch.default_config(q.device, problem)
