@@ -2,6 +2,8 @@
 # One call on a GPU machine. Usage (repo root, CuTe DSL wheel carried in .whl/):
 #   bash scripts/device_run.sh measure   # GPU tests, ladder, bench (full+causal, MHA and GQA), tune
 #   bash scripts/device_run.sh explain   # attnlab profile (ncu) and roofline
+#   bash scripts/device_run.sh knobs     # GPU tests of the ladder and the knob configs only
+#   bash scripts/device_run.sh ladder    # attnlab ladder, bf16 and fp16 (k01..k16, lab variants)
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
 mode=${1:-measure}
@@ -26,9 +28,17 @@ case $mode in
     # attention() now dispatches to the tuned entry: bench it again (outputs not kept).
     attnlab bench --quick --impls attnlab --out /tmp/after_tune
     ;;
+  knobs)
+    python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/test_features_gpu.py \
+      -k "knob or tiles or static or carveout or every_ladder" 2>&1 | tee -a "$log" | tail -5
+    ;;
+  ladder)
+    attnlab ladder --out "$OUT"
+    attnlab ladder --dtype fp16 --seqlens 4096 --out "$OUT/fp16"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
     ;;
-  *) echo "unknown mode $mode (measure|explain)"; exit 2 ;;
+  *) echo "unknown mode $mode (measure|explain|knobs|ladder)"; exit 2 ;;
 esac

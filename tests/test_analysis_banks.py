@@ -110,7 +110,7 @@ def test_layouts_match_the_kernels_cute_layouts():
         for swizzle, rows, head_dim in KERNEL_LAYOUTS:
             layout = smem_tile_layout(swizzle, rows, head_dim)
             offsets[(swizzle, rows, head_dim)] = [
-                layout((r, c)) for r in range(rows) for c in range(0, head_dim, 4)]
+                layout((r, c, 0)) for r in range(rows) for c in range(0, head_dim, 4)]
 
     with contextlib.suppress(Exception):  # without a GPU the DSL gives up after tracing
         cute.compile(trace, options="--gpu-arch sm_80")

@@ -202,10 +202,15 @@ SEQLENS_K = [5, 0, 17, 1000, 0, 1000, 33, 0]
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (16, 16)])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_varlen_ragged(window, dtype):
+    check_varlen(window, dtype)
+
+
+def check_varlen(window, dtype, config=None):
     q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, 128, dtype,
                                                       seed=11)
     scale = 1 / math.sqrt(128)
-    out, lse = launch_poisoned(q, k, v, scale, window, varlen=(cu_q, cu_k, max_q, max_k))
+    out, lse = launch_poisoned(q, k, v, scale, window, config,
+                               varlen=(cu_q, cu_k, max_q, max_k))
     ref_out, ref_lse = reference.attention_varlen(
         q, k, v, cu_q, cu_k, max_q, max_k, window_size=window, return_lse=True,
         compute_dtype=torch.float64,
@@ -345,3 +350,51 @@ def test_cuda_graph_capture_and_replay():
     ref = reference.attention_varlen(vq, vk, vv, cu_q, cu_k, max_q, max_k, causal=True,
                                      compute_dtype=torch.float64)
     assert rel_l2(captured[2], ref) < 1e-2
+
+
+# --------------------------------------------------------------------------------------------
+# The knobs of kernels 10-16 and the lab's K/V ring and persistent grid (ladder.NAMED)
+KNOBS = ("k10", "k13", "k14", "k16", "pipeline", "persistent")
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+@pytest.mark.parametrize("name", KNOBS)
+def test_knob_configs_dense(name, window):
+    """GQA, Sq != Sk, tails in both sequences; causal and sliding windows."""
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=3)
+    check_dense(q, k, v, window=window, config=ladder.NAMED[name])
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+@pytest.mark.parametrize("name", ["pipeline", "persistent", "k16"])
+def test_knob_configs_varlen(name, window):
+    check_varlen(window, torch.float16, ladder.NAMED[name])
+
+
+@pytest.mark.parametrize("name", ["persistent", "pipeline"])
+def test_more_tiles_than_resident_ctas(name):
+    """512 output tiles against 132 SMs x 2 CTAs: persistent CTAs loop over several tiles."""
+    q, k, v = dense_inputs(2, 2048, 2048, 16, 16, 128, torch.bfloat16, seed=5)
+    check_dense(q, k, v, window=(-1, -1), config=ladder.NAMED[name])
+    check_dense(q, k, v, window=(-1, 0), config=ladder.NAMED[name])
+
+
+def test_static_strides_compile_per_stride_set():
+    """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
+    q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)
+    check_dense(q, k, v, window=(-1, -1), config=ladder.k16)
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert views[0].stride() != q.stride()
+    check_dense(*views, window=(-1, -1), config=ladder.k16)
+
+
+def test_carveout_is_set_on_the_kernel():
+    from attnlab.compile import get_forward_kernel
+    from attnlab.dispatch import arch_of
+    from attnlab.kernel_handle import kernel_attribute
+
+    q, k, v = dense_inputs(1, 128, 128, 2, 2, 64, torch.bfloat16, seed=2)
+    check_dense(q, k, v, window=(-1, -1), config=ladder.k14)
+    kernel = get_forward_kernel(ladder.k14, arch_of(q.device), "bfloat16", 64)
+    carveout = kernel_attribute(kernel, "PREFERRED_SHARED_MEMORY_CARVEOUT", q.device.index)
+    assert carveout == ladder.k14.smem_carveout == 100

@@ -85,18 +85,19 @@ def _signature(dtype: str):
         return tuple(cutlass.Int32(value) for _ in range(n))
 
     return (*ptrs, lse, *cu, ints(3), ints(3), ints(3), ints(3), ints(3), ints(3), ints(2),
-            cutlass.Int32(1), cutlass.Int32(1), ints(2), cutlass.Float32(1.0),
+            cutlass.Int32(1), cutlass.Int32(1), ints(2), cutlass.Float32(1.0), cutlass.Int32(1),
             make_fake_stream())
 
 
 def launch_args(q, k, v, out, lse, softmax_scale: float, stream, *,
                 window: tuple[int, int] = (-1, -1), cu_seqlens_q=None, cu_seqlens_k=None,
-                max_seqlen_q: int | None = None) -> tuple:
+                max_seqlen_q: int | None = None, persistent_ctas: int = 1) -> tuple:
     """The kernel's arguments for torch tensors.
 
     Dense: q/out ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]``, lse ``[B, Hq, Sq]``. Varlen
     (``cu_seqlens_*`` given): q/out ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]``, lse
     ``[Hq, total_q]``, as one batch of packed rows. A window side < 0 is unbounded.
+    ``persistent_ctas`` is the grid of a ``persistent`` config.
     """
     import cutlass
     import cutlass.cute as cute
@@ -140,14 +141,34 @@ def launch_args(q, k, v, out, lse, softmax_scale: float, stream, *,
     return (*ptrs, lse_ptr, *cu, ints(shape(q)), ints(shape(k)),
             *(ints(strides(t)) for t in (q, k, v, out)), ints(lse_strides),
             cutlass.Int32(num_seqs), cutlass.Int32(rows), ints((left, right)),
-            cutlass.Float32(softmax_scale), stream)
+            cutlass.Float32(softmax_scale), cutlass.Int32(persistent_ctas), stream)
+
+
+#: Heads assumed when a ``static_strides`` config is cross-compiled without real tensors
+#: (contiguous BSHD, as in the benchmarks).
+CANONICAL_HEADS = 16
+
+Strides = tuple[tuple[int, int], ...]
+
+
+def row_head_strides(*tensors) -> Strides:
+    """The (row, head) strides of each of q, k, v, out (dense BSHD or varlen THD): what a
+    ``static_strides`` kernel is specialised on."""
+    return tuple(tuple(int(x) for x in t.stride()[-3:-1]) for t in tensors)
+
+
+def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:
+    """(row, head) strides of contiguous BSHD tensors with ``heads`` heads."""
+    return ((heads * head_dim, head_dim),) * 4
 
 
 def _kernel_object(config: FlashConfig, dtype: str, head_dim: int, windowed: bool,
-                   varlen: bool):
+                   varlen: bool, strides: Strides | None):
     from attnlab.kernels.sm80.forward import FlashForwardSm80
 
-    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype), windowed, varlen)
+    static = (strides or canonical_strides(head_dim)) if config.static_strides else None
+    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype), windowed, varlen,
+                            static_strides=static)
 
 
 def _check(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> None:
@@ -158,15 +179,22 @@ def _check(config: FlashConfig, arch: str, dtype: str, head_dim: int) -> None:
 
 
 def get_forward_kernel(config: FlashConfig, arch: str, dtype: str, head_dim: int, *,
-                       windowed: bool = False, varlen: bool = False):
-    """The compiled, launchable forward kernel (compiled on first use, then cached)."""
-    key = (config, arch, dtype, head_dim, windowed, varlen, dsl_version())
+                       windowed: bool = False, varlen: bool = False,
+                       strides: Strides | None = None):
+    """The compiled, launchable forward kernel (compiled on first use, then cached).
+
+    ``strides`` (``row_head_strides`` of the tensors) matter only to a ``static_strides``
+    config, which is compiled once per stride set.
+    """
+    strides = strides if config.static_strides else None
+    key = (config, arch, dtype, head_dim, windowed, varlen, strides, dsl_version())
     kernel = _kernel_cache.get(key)
     if kernel is None:
         import cutlass.cute as cute
 
         _check(config, arch, dtype, head_dim)
-        kernel = cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen),
+        kernel = cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen,
+                                             strides),
                               *_signature(dtype), options=f"--gpu-arch {arch}")
         _kernel_cache[key] = kernel
     return kernel
@@ -276,7 +304,7 @@ def _compile_to_fatbinary(
     with tempfile.TemporaryDirectory() as dump_dir, PostCompileHookContext(provider,
                                                                            grab_binary):
         try:
-            cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen),
+            cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen, None),
                          *_signature(dtype),
                          options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
         except Exception:  # the DSL wraps the hook's _StopBeforeJit in its own error type

@@ -65,6 +65,24 @@ class FlashConfig:
         unpredicated_full_tiles: copy a tile that lies wholly inside its sequence with plain
             cp.async, after one uniform branch, instead of a predicated copy / zero-fill pair
             per row (a kernel-12 clean-up found in the SASS: both halves issue either way).
+        kv_stages: shared-memory buffers per K and per V tile (the GA104 lab's ``pipeline``).
+            1: K_{j+1} and V_j are loaded eagerly into single buffers (two barriers per block).
+            2: a ring: K_{j+1} and V_{j+1} go into the other stage as block j starts, so each
+            load has a whole block of math to land and one barrier per block suffices.
+        static_strides: compile the row and head strides of Q/K/V/O into the kernel
+            (kernel 16): the kernel is specialised per stride set (in practice per head
+            count), and the offsets of the rows a thread copies become immediates instead of
+            per-block 64-bit address arithmetic.
+        peel_first_kv_block: run the CTA's first K/V block on its own (kernel 10): its
+            P V MMAs start from C = 0 instead of a zeroed accumulator, and the softmax starts
+            from that block's statistics with no rescale of O. Costs one more copy of the
+            block's code.
+        smem_carveout: preferred share of the unified L1/shared-memory array given to shared
+            memory, in percent (kernel 14, "cache configuration"); -1 leaves the driver's
+            choice.
+        persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the driver's
+            occupancy calculator) and let each loop over output tiles (the GA104 lab's
+            persistent grid), instead of one CTA per tile.
     """
 
     block_m: int = 64
@@ -80,6 +98,11 @@ class FlashConfig:
     fused_softmax: bool = True
     reverse_kv: bool = False
     unpredicated_full_tiles: bool = False
+    kv_stages: int = 1
+    static_strides: bool = False
+    peel_first_kv_block: bool = False
+    smem_carveout: int = -1
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -114,6 +137,18 @@ class FlashConfig:
         if self.eager_kv_loads and not self.async_copy:
             raise ConfigError(
                 "eager_kv_loads needs async_copy: a synchronous copy cannot overlap the math"
+            )
+        if self.kv_stages not in (1, 2):
+            raise ConfigError(f"kv_stages must be 1 or 2, got {self.kv_stages!r}")
+        if self.kv_stages > 1 and not self.eager_kv_loads:
+            raise ConfigError(
+                "kv_stages=2 needs eager_kv_loads: the ring issues the next block's loads "
+                "while the current block computes"
+            )
+        if not isinstance(self.smem_carveout, int) or not -1 <= self.smem_carveout <= 100:
+            raise ConfigError(
+                f"smem_carveout must be a percentage 0..100 or -1 (driver default), got "
+                f"{self.smem_carveout!r}"
             )
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -166,6 +201,16 @@ class FlashConfig:
             flags.append("reverse_kv")
         if self.unpredicated_full_tiles:
             flags.append("unpredicated_full_tiles")
+        if self.kv_stages > 1:
+            flags.append(f"kv_stages_{self.kv_stages}")
+        if self.peel_first_kv_block:
+            flags.append("peel_first")
+        if self.static_strides:
+            flags.append("static_strides")
+        if self.smem_carveout >= 0:
+            flags.append(f"carveout_{self.smem_carveout}")
+        if self.persistent:
+            flags.append("persistent")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------
@@ -196,6 +241,6 @@ class FlashConfig:
         return head_dim + (8 if self.swizzle == "pad8" else 0)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """Shared memory of one CTA: a Q tile and one K and one V tile."""
-        rows = self.block_m + 2 * self.block_n
+        """Shared memory of one CTA: a Q tile and ``kv_stages`` K and V tiles."""
+        rows = self.block_m + 2 * self.block_n * self.kv_stages
         return rows * self.smem_row_elems(head_dim) * elem_bytes

@@ -10,9 +10,19 @@ k04    + sub-tiled shared->register loads, two fragments at a time, interleaved 
 k05    + double-buffered shared->register loads
 k06    + FFMA-fused softmax with exp2
 k07    auto-tuned for the GPU at hand (``k07_for(arch)``; ``k07`` is the Hopper entry)
+k08    strided swizzling: the same config, CuTe folds the swizzle (docs/ladder.md, SASS)
+k09    no register copies before HMMA: the same config, CuTe's fragments are in place
+k10    first-block specialisation (peeled first K/V block)
+k11    swizzled RF->SMEM epilogue: the same config as k09, in the kernel since k02
+k12    clean-ups found in the SASS: unpredicated full tiles
+k13    K/V blocks walked backwards
+k14    cache configuration: shared-memory carveout at 100 %
+k15    tiling along d_head: not built (docs/ladder.md)
+k16    static global-memory strides (row and head strides compiled in)
 =====  ==============================================================================
 
-The GA104 lab's variants (``LAB_VARIANTS``: ``pad8``, ``bc128``, ``br16``) each change one
+A step that measured slower (k10, k13) keeps its row but is not carried forward: ``BASES``
+names what each step changes. The GA104 lab's variants (``LAB_VARIANTS``) each change one
 thing of kernel 7.
 """
 
@@ -42,8 +52,21 @@ TUNED_K07: dict[str, FlashConfig] = {
 
 k07 = TUNED_K07["sm_90"]
 
+# Kernels 8, 9 and 11 are what CuTe's layout algebra already emits (docs/ladder.md has the
+# SASS): their rows measure the unchanged config again.
+k08 = k07
+k09 = k08
+k10 = k09.replace(peel_first_kv_block=True)
+k11 = k09  # k10 measured slower: not carried forward
+k12 = k11.replace(unpredicated_full_tiles=True)
+k13 = k12.replace(reverse_kv=True)
+k14 = k12.replace(smem_carveout=100)  # k13 measured slower: not carried forward
+k16 = k14.replace(static_strides=True)
+
 LADDER: dict[str, FlashConfig] = {
     "k01": k01, "k02": k02, "k03": k03, "k04": k04, "k05": k05, "k06": k06, "k07": k07,
+    "k08": k08, "k09": k09, "k10": k10, "k11": k11, "k12": k12, "k13": k13, "k14": k14,
+    "k16": k16,
 }
 
 #: The GA104 lab's variants (seed 004), each one change to kernel 7 (its base).
@@ -51,8 +74,17 @@ LAB_VARIANTS: dict[str, FlashConfig] = {
     "pad8": k07.replace(swizzle="pad8"),  # Observation W: +8 halves per row, not the XOR
     "bc128": k07.replace(block_n=128),  # B_c = 128: twice the MMAs per K/V load
     "br16": k07.replace(block_m=64),  # 16 query rows per warp
+    "pipeline": k07.replace(kv_stages=2),  # a two-stage cp.async K/V ring
+    "persistent": k07.replace(persistent=True),  # SMs x CTAs/SM CTAs looping over tiles
 }
 LAB_BASE = "k07"
+
+#: The config each row changes (its delta in ``attnlab ladder`` is against that row).
+BASES: dict[str, str] = {
+    **{f"k{i:02d}": f"k{i - 1:02d}" for i in range(2, 11)},
+    "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k16": "k14",
+    **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
+}
 
 #: What each step adds, for tables and plots.
 STEP_NAMES: dict[str, str] = {
@@ -63,9 +95,19 @@ STEP_NAMES: dict[str, str] = {
     "k05": "double-buffered SMEM->RF loads",
     "k06": "FFMA-fused softmax",
     "k07": "auto-tuned",
+    "k08": "strided swizzling (CuTe: same config)",
+    "k09": "no register copies (CuTe: same config)",
+    "k10": "first-block specialisation",
+    "k11": "swizzled RF->SMEM (since k02; = k09)",
+    "k12": "unpredicated full tiles",
+    "k13": "K/V blocks backwards",
+    "k14": "smem carveout 100%",
+    "k16": "static GMEM strides",
     "pad8": "lab: +8-half padding instead of swizzle",
     "bc128": "lab: B_c = 128",
     "br16": "lab: 16 rows per warp",
+    "pipeline": "lab: 2-stage cp.async K/V ring",
+    "persistent": "lab: persistent grid",
 }
 
 

@@ -4,9 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.compile import get_forward_kernel, launch_args
+from attnlab.compile import get_forward_kernel, launch_args, row_head_strides
 from attnlab.config import FlashConfig
 from attnlab.dispatch import arch_of
+
+#: (compiled kernel, device index) -> persistent grid size, for kernels that needed the
+#: driver's attention once (a carveout to set, an occupancy to read).
+_prepared: dict[tuple[int, int], int] = {}
+
+
+def _prepare(kernel, config: FlashConfig, q: torch.Tensor) -> int:
+    """Apply the config's kernel attributes on this device; the persistent grid size."""
+    from attnlab.kernel_handle import apply_kernel_attributes, ctas_per_sm
+
+    key = (id(kernel), q.device.index)
+    grid = _prepared.get(key)
+    if grid is None:
+        apply_kernel_attributes(kernel, config, q.device.index)
+        grid = 1
+        if config.persistent:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            grid = sms * max(1, ctas_per_sm(kernel, config, q.shape[-1], q.element_size()))
+        _prepared[key] = grid
+    return grid
 
 
 def launch_forward(
@@ -40,8 +60,13 @@ def launch_forward(
     varlen = cu_seqlens_q is not None
     windowed = tuple(window) != (-1, -1)
     kernel = get_forward_kernel(config, arch_of(q.device), str(q.dtype).removeprefix("torch."),
-                                q.shape[-1], windowed=windowed, varlen=varlen)
+                                q.shape[-1], windowed=windowed, varlen=varlen,
+                                strides=row_head_strides(q, k, v, out)
+                                if config.static_strides else None)
+    persistent_ctas = 1
+    if config.persistent or config.smem_carveout >= 0:
+        persistent_ctas = _prepare(kernel, config, q)
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     kernel(*launch_args(q, k, v, out, lse, softmax_scale, stream, window=tuple(window),
                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                        max_seqlen_q=max_seqlen_q))
+                        max_seqlen_q=max_seqlen_q, persistent_ctas=persistent_ctas))

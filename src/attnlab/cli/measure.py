@@ -192,7 +192,7 @@ def ladder(
         results = measure_grid(points, impls, runs=runs,
                                on_point=lambda p: progress.advance(task))
     rows = ladder_rows(results, ladder_configs.STEP_NAMES, anchor,
-                       bases=dict.fromkeys(ladder_configs.LAB_VARIANTS, ladder_configs.LAB_BASE))
+                       bases=ladder_configs.BASES)
     ref = reference_tflops(results, anchor)
     console.print(ladder_table(rows, ref, _device_title(
         f"attnlab ladder, {dtype_name} hd{head_dim}"), anchor))

@@ -22,8 +22,9 @@ def atom_cols(head_dim: int) -> int:
     return 64 if head_dim % 64 == 0 else 32
 
 
-def smem_tile_layout(swizzle: str, rows: int, head_dim: int):
-    """Layout of a ``rows x head_dim`` tile of 16-bit elements in shared memory."""
+def smem_tile_layout(swizzle: str, rows: int, head_dim: int, stages: int = 1):
+    """Layout of ``stages`` tiles of ``rows x head_dim`` 16-bit elements in shared memory,
+    as ``(rows, head_dim, stages)``."""
     if swizzle == "xor":
         cols = atom_cols(head_dim)
         atom = cute.make_composed_layout(
@@ -31,9 +32,10 @@ def smem_tile_layout(swizzle: str, rows: int, head_dim: int):
             0,
             cute.make_layout((8, cols), stride=(cols, 1)),
         )
-        return cute.tile_to_shape(atom, (rows, head_dim), (0, 1))
+        return cute.tile_to_shape(atom, (rows, head_dim, stages), (0, 1, 2))
     row_elems = head_dim + (8 if swizzle == "pad8" else 0)
-    return cute.make_layout((rows, head_dim), stride=(row_elems, 1))
+    return cute.make_layout((rows, head_dim, stages),
+                            stride=(row_elems, 1, rows * row_elems))
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:

@@ -59,8 +59,12 @@ class OnlineSoftmax:
                    guard_empty_rows)
 
     @cute.jit
-    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor):
-        """Turn the S tile into P (in place) and rescale O for the new row maxima."""
+    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
+        """Turn the S tile into P (in place) and rescale O for the new row maxima.
+
+        ``first``: the CTA's first tile (kernel 10): the statistics start from this tile
+        and O, still empty, needs no rescale.
+        """
         s_mn = acc_mn_view(acc_s)
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
@@ -71,7 +75,7 @@ class OnlineSoftmax:
                 row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax
             )
             m_old = self.row_max[r]
-            m_new = cute.arch.fmax(m_old, tile_max)
+            m_new = tile_max if first else cute.arch.fmax(m_old, tile_max)
             # A row with every key masked so far: subtract 0, not -inf (exp2(-inf + inf) = NaN).
             m_exp = m_new
             if cutlass.const_expr(self.guard_empty_rows):
@@ -84,11 +88,13 @@ class OnlineSoftmax:
                 p = cute.math.exp2((row - m_exp) * LOG2_E, fastmath=True)
                 correction = cute.math.exp2((m_old - m_exp) * LOG2_E, fastmath=True)
             self.row_max[r] = m_new
-            self.row_sum[r] = self.row_sum[r] * correction + p.reduce(
-                cute.ReductionOp.ADD, cutlass.Float32.zero, 0
-            )
+            tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             s_mn[r, None] = p
-            o_mn[r, None] = o_mn[r, None].load() * correction
+            if cutlass.const_expr(first):
+                self.row_sum[r] = tile_sum
+            else:
+                self.row_sum[r] = self.row_sum[r] * correction + tile_sum
+                o_mn[r, None] = o_mn[r, None].load() * correction
 
     @cute.jit
     def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor):

@@ -58,9 +58,14 @@ class FlashForwardSm80:
     """
 
     def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
-                 windowed: bool = False, varlen: bool = False):
+                 windowed: bool = False, varlen: bool = False,
+                 static_strides: tuple | None = None):
         config.check_problem(head_dim)
+        if config.static_strides != (static_strides is not None):
+            raise ValueError("static_strides are given exactly when config.static_strides")
         self.cfg = config
+        # ((row, head) strides of Q, K, V, O) compiled in, or None: taken at launch.
+        self.static_strides = static_strides
         self.head_dim = head_dim
         self.dtype = dtype
         self.windowed = windowed
@@ -90,6 +95,7 @@ class FlashForwardSm80:
         max_seqlen_q: cutlass.Int32,
         window: tuple,
         softmax_scale: cutlass.Float32,
+        persistent_ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         """Build the tensors from raw pointers and launch.
@@ -99,26 +105,29 @@ class FlashForwardSm80:
         (batch, row, head), multiples of 8 elements; the head dim is contiguous. LSE is
         (batch, head, row) with ``lse_strides`` = (batch, head) strides. ``window`` is
         (left, right) with unbounded sides already replaced by ``mask.UNBOUNDED``.
+        ``persistent_ctas`` is the grid of a ``persistent`` config (ignored otherwise).
         Raw pointers, rather than DLPack tensors, give one fixed signature for cross-compilation
         and launch, and let us state what validation guarantees.
         """
         D = self.head_dim
 
-        def bshd(ptr, shape, st):
+        def bshd(ptr, shape, st, which):
+            row, head = cute.assume(st[1], divby=8), cute.assume(st[2], divby=8)
+            if cutlass.const_expr(self.static_strides is not None):
+                row, head = self.static_strides[which]
             return cute.make_tensor(ptr, cute.make_layout(
                 (shape[0], shape[1], shape[2], D),
-                stride=(cute.assume(st[0], divby=8), cute.assume(st[1], divby=8),
-                        cute.assume(st[2], divby=8), 1)))
+                stride=(cute.assume(st[0], divby=8), row, head, 1)))
 
-        mQ, mO = bshd(q_ptr, q_shape, q_strides), bshd(o_ptr, q_shape, o_strides)
-        mK, mV = bshd(k_ptr, k_shape, k_strides), bshd(v_ptr, k_shape, v_strides)
+        mQ, mO = bshd(q_ptr, q_shape, q_strides, 0), bshd(o_ptr, q_shape, o_strides, 3)
+        mK, mV = bshd(k_ptr, k_shape, k_strides, 1), bshd(v_ptr, k_shape, v_strides, 2)
         mLSE = cute.make_tensor(lse_ptr, cute.make_layout(
             (q_shape[0], q_shape[2], q_shape[1]), stride=(lse_strides[0], lse_strides[1], 1)))
         mCuQ = cute.make_tensor(cu_q_ptr, cute.make_layout((num_seqs + 1,)))
         mCuK = cute.make_tensor(cu_k_ptr, cute.make_layout((num_seqs + 1,)))
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
-        sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim)
+        sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim, cfg.kv_stages)
 
         @cute.struct
         class SharedStorage:
@@ -150,10 +159,13 @@ class FlashForwardSm80:
             # N = 16 lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
-        grid = (cute.ceil_div(max_seqlen_q, cfg.block_m), num_seqs, q_shape[2])
+        num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
+        grid = (num_m_blocks, num_seqs, q_shape[2])
+        if cutlass.const_expr(cfg.persistent):
+            grid = (persistent_ctas, 1, 1)
         self.kernel(
             mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window[0], window[1], softmax_scale, sQ_layout,
-            sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage,
+            sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage, num_m_blocks, num_seqs,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     # ----------------------------------------------------------------------------------------
@@ -178,15 +190,42 @@ class FlashForwardSm80:
         gmem_store: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        num_m_blocks: cutlass.Int32,
+        num_seqs: cutlass.Int32,
     ):
+        tiles = (mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window_left, window_right, softmax_scale,
+                 sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage,
+                 num_m_blocks)
+        if cutlass.const_expr(self.cfg.persistent):
+            # Tiles in the order a plain grid would start them (row blocks of one head
+            # together, so they share K/V in L2), dealt round-robin to the resident CTAs.
+            first, _, _ = cute.arch.block_idx()
+            stride, _, _ = cute.arch.grid_dim()
+            num_tiles = num_m_blocks * num_seqs * mQ.shape[2]
+            for tile in cutlass.range(first, num_tiles, stride, unroll=1):
+                self._tile(tile % num_m_blocks, (tile // num_m_blocks) % num_seqs,
+                           tile // (num_m_blocks * num_seqs), *tiles)
+                # The next tile's Q lands where this tile's O was staged.
+                cute.arch.sync_threads()
+        else:
+            m_block, seq, head = cute.arch.block_idx()
+            self._tile(m_block, seq, head, *tiles)
+
+    @cute.jit
+    def _tile(self, m_block, seq, head, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+              mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+              window_left: cutlass.Int32, window_right: cutlass.Int32,
+              softmax_scale: cutlass.Float32, sQ_layout, sKV_layout, gmem_load: cute.TiledCopy,
+              gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
+              SharedStorage: cutlass.Constexpr, num_m_blocks: cutlass.Int32):
+        """One output tile: ``block_m`` query rows of one sequence and head."""
         cfg = self.cfg
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, seq, head = cute.arch.block_idx()
         if cutlass.const_expr(self.windowed):
-            # Causal row blocks near the end see the most keys: launch them first, so the
+            # Causal row blocks near the end see the most keys: start them first, so the
             # short ones fill the tail of the grid instead of the long ones.
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            m_block = num_m_blocks - 1 - m_block
         head_kv = head // (mQ.shape[2] // mK.shape[2])
 
         # ---- this CTA's sequence: its rows in the (possibly packed) tensors ---------------
@@ -215,11 +254,13 @@ class FlashForwardSm80:
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
+        sQ = storage.sQ.get_tensor(sQ_layout)[None, None, 0]
+        # K and V: (block_n, D, kv_stages); a block's stage is picked when it is loaded/used.
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
-        # V^T view: (D, block_n) for the B operand of O += P V.
-        sVt = cute.composition(sV, cute.make_layout((D, cfg.block_n), stride=(cfg.block_n, 1)))
+        # V^T view: (D, block_n, kv_stages) for the B operand of O += P V.
+        sVt = cute.composition(sV, cute.make_layout((D, cfg.block_n, cfg.kv_stages),
+                                                    stride=(cfg.block_n, 1, cfg.block_n * D)))
 
         thr_load = gmem_load.get_slice(tidx)
         tQgQ, tQsQ, tQcQ = (thr_load.partition_S(gQ), thr_load.partition_D(sQ),
@@ -231,10 +272,11 @@ class FlashForwardSm80:
         # ---- MMA partitions and shared->register copies -----------------------------------
         thr_mma = tiled_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, D)),
                                       cutlass.Float32)
+        # Zero also for a CTA that sees no key (its epilogue writes this O).
         acc_O.fill(0.0)
 
         ldsm = warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4)
@@ -264,8 +306,14 @@ class FlashForwardSm80:
         first_block = n_max - 1 if cfg.reverse_kv else n_min
         if cutlass.const_expr(cfg.eager_kv_loads):
             if n_min < n_max:
-                self._load_rows(gmem_load, tKgK[None, None, None, first_block], tKsK, tKVcKV,
-                                seqlen_k - first_block * cfg.block_n, cfg.block_n)
+                rows_left = seqlen_k - first_block * cfg.block_n
+                stage = self._stage(first_block)
+                self._load_rows(gmem_load, tKgK[None, None, None, first_block],
+                                tKsK[None, None, None, stage], tKVcKV, rows_left, cfg.block_n)
+                if cutlass.const_expr(cfg.kv_stages > 1):
+                    self._load_rows(gmem_load, tVgV[None, None, None, first_block],
+                                    tVsV[None, None, None, stage], tKVcKV, rows_left,
+                                    cfg.block_n)
         self._commit()
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
@@ -288,8 +336,18 @@ class FlashForwardSm80:
         operands = (row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma, thr_mma,
                     acc_O, softmax, gmem_load, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK,
                     tOrVt, load_q, (s2r_K, k_src, k_dst), (s2r_V, v_src, v_dst), tScS_mn)
+        if cutlass.const_expr(cfg.peel_first_kv_block):
+            # Kernel 10: the first block runs on its own (masked body: any block may be it);
+            # the phase loops below start after it.
+            if n_min < n_max:
+                self._kv_block(first_block, n_min, n_max, *operands, masked=True, first=True)
         for p in cutlass.range_constexpr(len(bounds)):
             lo, hi = bounds[p]
+            if cutlass.const_expr(cfg.peel_first_kv_block):
+                if cutlass.const_expr(cfg.reverse_kv):
+                    hi = cutlass.min(hi, n_max - 1)
+                else:
+                    lo = cutlass.max(lo, n_min + 1)
             # Literal flags: a Python value carried into a dynamic loop would turn dynamic.
             if cutlass.const_expr(self._phase_masked(p)):
                 for i in cutlass.range(hi - lo, unroll=1):
@@ -313,6 +371,10 @@ class FlashForwardSm80:
     # ----------------------------------------------------------------------------------------
     # Pieces of the kernel
     # ----------------------------------------------------------------------------------------
+    def _stage(self, n_block):
+        """The shared-memory stage of K/V block ``n_block`` (consecutive blocks alternate)."""
+        return n_block % self.cfg.kv_stages if self.cfg.kv_stages > 1 else 0
+
     def _phase_masked(self, phase: int) -> bool:
         """Whether main-loop phase ``phase`` runs the masked body (phases as in ``kernel``).
 
@@ -325,24 +387,43 @@ class FlashForwardSm80:
     def _kv_block(self, n_block, n_min, n_max, row0, seqlen_q, seqlen_k, window_left,
                   window_right, tiled_mma, thr_mma, acc_O, softmax, gmem_load, tKgK, tKsK,
                   tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, load_q, load_k, load_v, tScS_mn,
-                  masked: cutlass.Constexpr):
+                  masked: cutlass.Constexpr, first: cutlass.Constexpr = False):
         """One K/V block: S = Q K^T, (mask,) online softmax, O += P V, next loads in flight."""
         cfg = self.cfg
         step = -1 if cfg.reverse_kv else 1
         kv_rows_left = seqlen_k - n_block * cfg.block_n
+        following = n_block + step
+        stage = self._stage(n_block)
+        s2r_K, k_src, k_dst = load_k
+        s2r_V, v_src, v_dst = load_v
+        load_k = (s2r_K, k_src[None, None, None, stage], k_dst)
+        load_v = (s2r_V, v_src[None, None, None, stage], v_dst)
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
                                       cutlass.Float32)
         acc_S.fill(0.0)
-        if cutlass.const_expr(cfg.eager_kv_loads):
+        if cutlass.const_expr(cfg.kv_stages > 1):
+            # The ring: K_j and V_j were issued a whole block ago. After this barrier every
+            # thread is done with block j-1, so its stage takes block j+1.
+            self._wait_all_and_sync()
+            if following >= n_min:
+                if following < n_max:
+                    nxt = self._stage(following)
+                    rows_next = kv_rows_left - step * cfg.block_n
+                    self._load_rows(gmem_load, tKgK[None, None, None, following],
+                                    tKsK[None, None, None, nxt], tKVcKV, rows_next, cfg.block_n)
+                    self._load_rows(gmem_load, tVgV[None, None, None, following],
+                                    tVsV[None, None, None, nxt], tKVcKV, rows_next, cfg.block_n)
+            self._commit()
+        elif cutlass.const_expr(cfg.eager_kv_loads):
             # K_j is in flight since the previous block; everyone is done with V_{j-1}.
             self._wait_all_and_sync()
-            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                            kv_rows_left, cfg.block_n)
+            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
+                            tKVcKV, kv_rows_left, cfg.block_n)
             self._commit()
         else:
             # No barrier before overwriting K: every thread passed the one after S_{j-1}.
-            self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK, tKVcKV,
-                            kv_rows_left, cfg.block_n)
+            self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK[None, None, None, 0],
+                            tKVcKV, kv_rows_left, cfg.block_n)
             self._commit()
             self._wait_all_and_sync()
 
@@ -350,25 +431,30 @@ class FlashForwardSm80:
         self._gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, load_k, cfg.q_frags_per_load,
                    cfg.k_frags_per_load)
 
-        if cutlass.const_expr(cfg.eager_kv_loads):
+        if cutlass.const_expr(cfg.kv_stages > 1):
+            pass
+        elif cutlass.const_expr(cfg.eager_kv_loads):
             # V_j has landed and everyone is done reading K_j: start the next K.
             self._wait_all_and_sync()
-            following = n_block + step
             if following >= n_min:
                 if following < n_max:
-                    self._load_rows(gmem_load, tKgK[None, None, None, following], tKsK,
-                                    tKVcKV, kv_rows_left - step * cfg.block_n, cfg.block_n)
+                    self._load_rows(gmem_load, tKgK[None, None, None, following],
+                                    tKsK[None, None, None, 0], tKVcKV,
+                                    kv_rows_left - step * cfg.block_n, cfg.block_n)
                     self._commit()
         else:
-            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV, tKVcKV,
-                            kv_rows_left, cfg.block_n)
+            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
+                            tKVcKV, kv_rows_left, cfg.block_n)
             self._commit()
             self._wait_all_and_sync()
 
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
                        window_left, window_right, self.windowed)
-        softmax.update(acc_S, acc_O)
+        softmax.update(acc_S, acc_O, first=first)
+        if cutlass.const_expr(first):
+            # O is still empty: a zero accumulator right before the MMAs becomes C = RZ.
+            acc_O.fill(0.0)
 
         # O += P V_j, with P converted in registers to the input dtype.
         rP = cute.make_fragment_like(acc_S, self.dtype)
