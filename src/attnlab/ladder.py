@@ -130,9 +130,10 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
 
 
 def default_for(arch: str, head_dim: int = 128) -> FlashConfig:
-    """What ``attention()`` runs without a tuned entry: kernel 7 plus the clean-ups found in
-    its SASS since (``docs/ladder.md``), which every config gains from."""
-    return k07_for(arch, head_dim).replace(unpredicated_full_tiles=True)
+    """What ``attention()`` runs without a tuned entry: kernel 7 plus the steps since that
+    measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles and kernel 16's
+    compiled-in strides (one compile per head count / layout)."""
+    return k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
 
 
 NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS}

@@ -26,7 +26,7 @@ def search_space(wide: bool = False) -> list[FlashConfig]:
                 block_m=block_m, block_n=block_n, num_warps=warps, async_copy=True,
                 swizzle=swizzle, eager_kv_loads=True, q_frags_per_load=q, k_frags_per_load=k,
                 v_frags_per_load=v, double_buffer_smem_to_rf=buffer, fused_softmax=True,
-                unpredicated_full_tiles=True))
+                unpredicated_full_tiles=True, static_strides=True))
         except ConfigError:
             continue  # e.g. 8 warps cannot split 64 rows into 16-row MMA tiles
     return configs
