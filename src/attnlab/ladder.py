@@ -140,7 +140,7 @@ NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS}
 
 
 def get(name: str) -> FlashConfig:
-    """A named configuration: a ladder step (``"k01"`` ... ``"k07"``) or a lab variant."""
+    """A named configuration: a ladder step (``"k01"`` ... ``"k16"``) or a lab variant."""
     try:
         return NAMED[name]
     except KeyError:

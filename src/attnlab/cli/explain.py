@@ -37,7 +37,7 @@ from attnlab.ladder import resolve
 STATIC = "static (build-time) counts: each instruction once, however often it runs"
 
 CONFIG_ARG = typer.Argument(..., metavar="CONFIG",
-                            help="A ladder name (k01..k07) or a JSON file of FlashConfig fields.")
+                            help="A ladder name (k01..k16, pad8, ...) or a FlashConfig JSON file.")
 VS_OPTION = typer.Option(None, "--vs", metavar="CONFIG2", help="A second config to compare.")
 ARCH_OPTION = typer.Option("sm_90a", "--arch", help=f"Target: {', '.join(SMEM_CAPACITY)}.")
 DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
