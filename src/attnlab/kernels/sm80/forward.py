@@ -431,9 +431,12 @@ class FlashForwardSm80:
         self._gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, load_k, cfg.q_frags_per_load,
                    cfg.k_frags_per_load)
 
-        if cutlass.const_expr(cfg.kv_stages > 1):
-            pass
-        elif cutlass.const_expr(cfg.eager_kv_loads):
+        if cutlass.const_expr(not cfg.eager_kv_loads):
+            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
+                            tKVcKV, kv_rows_left, cfg.block_n)
+            self._commit()
+            self._wait_all_and_sync()
+        elif cutlass.const_expr(cfg.kv_stages == 1):
             # V_j has landed and everyone is done reading K_j: start the next K.
             self._wait_all_and_sync()
             if following >= n_min:
@@ -442,11 +445,6 @@ class FlashForwardSm80:
                                     tKsK[None, None, None, 0], tKVcKV,
                                     kv_rows_left - step * cfg.block_n, cfg.block_n)
                     self._commit()
-        else:
-            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
-                            tKVcKV, kv_rows_left, cfg.block_n)
-            self._commit()
-            self._wait_all_and_sync()
 
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
