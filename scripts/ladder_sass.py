@@ -8,6 +8,7 @@ markdown row per step and arch: registers, stack, and the counts the seeds argue
 from __future__ import annotations
 
 import argparse
+import functools
 
 from attnlab import ladder
 from attnlab.analysis.resources import kernel_resources
@@ -18,6 +19,7 @@ COLUMNS = ("regs", "stack", "instr", "HMMA", "LDSM", "LDGSTS", "BAR", "IMAD+IADD
            "LOP3+SHF", "CS2R", "LDSM addr regs", "copies->HMMA")
 
 
+@functools.cache  # each base is also a step: analyse it once
 def row(name: str, arch: str, head_dim: int) -> dict[str, int]:
     art = compile_config(ladder.NAMED[name], arch, head_dim=head_dim)
     text = disassemble(art.cubin)

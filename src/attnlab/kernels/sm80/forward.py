@@ -306,14 +306,10 @@ class FlashForwardSm80:
         first_block = n_max - 1 if cfg.reverse_kv else n_min
         if cutlass.const_expr(cfg.eager_kv_loads):
             if n_min < n_max:
-                rows_left = seqlen_k - first_block * cfg.block_n
-                stage = self._stage(first_block)
-                self._load_rows(gmem_load, tKgK[None, None, None, first_block],
-                                tKsK[None, None, None, stage], tKVcKV, rows_left, cfg.block_n)
-                if cutlass.const_expr(cfg.kv_stages > 1):
-                    self._load_rows(gmem_load, tVgV[None, None, None, first_block],
-                                    tVsV[None, None, None, stage], tKVcKV, rows_left,
-                                    cfg.block_n)
+                # The ring takes V_0 along; otherwise V_j is loaded as block j starts.
+                tiles = ((tKgK, tKsK), (tVgV, tVsV))[:2 if cfg.kv_stages > 1 else 1]
+                self._load_block(gmem_load, tiles, tKVcKV, first_block,
+                                 self._stage(first_block), seqlen_k - first_block * cfg.block_n)
         self._commit()
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
@@ -407,12 +403,8 @@ class FlashForwardSm80:
             self._wait_all_and_sync()
             if following >= n_min:
                 if following < n_max:
-                    nxt = self._stage(following)
-                    rows_next = kv_rows_left - step * cfg.block_n
-                    self._load_rows(gmem_load, tKgK[None, None, None, following],
-                                    tKsK[None, None, None, nxt], tKVcKV, rows_next, cfg.block_n)
-                    self._load_rows(gmem_load, tVgV[None, None, None, following],
-                                    tVsV[None, None, None, nxt], tKVcKV, rows_next, cfg.block_n)
+                    self._load_block(gmem_load, ((tKgK, tKsK), (tVgV, tVsV)), tKVcKV, following,
+                                     self._stage(following), kv_rows_left - step * cfg.block_n)
             self._commit()
         elif cutlass.const_expr(cfg.eager_kv_loads):
             # K_j is in flight since the previous block; everyone is done with V_{j-1}.
@@ -459,6 +451,14 @@ class FlashForwardSm80:
         rP.store(acc_S.load().to(self.dtype))
         self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
                    cfg.v_frags_per_load)
+
+    def _load_block(self, gmem_load: cute.TiledCopy, tiles, coord: cute.Tensor, n_block,
+                    stage, rows_left):
+        """Load K/V block ``n_block`` into ``stage``: each ``(global, shared)`` pair of
+        ``tiles`` (K, and V for the ring)."""
+        for gmem, smem in tiles:
+            self._load_rows(gmem_load, gmem[None, None, None, n_block],
+                            smem[None, None, None, stage], coord, rows_left, self.cfg.block_n)
 
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
