@@ -51,9 +51,51 @@ def test_time_calls_skips_warmup_and_rotates_inputs():
         clock.advance()
 
     timing = time_calls(fn, warmup=2, runs=5, rotations=3, clock=clock)
-    assert seen == [0, 1, 0, 1, 2, 0, 1]  # warm-ups, then timed runs, each cycling the sets
+    assert seen == [0, 1, 2, 0, 1, 2, 0]  # warm-ups, then timed runs: each call the next set
     assert timing == Timing(median_ms=3.0, min_ms=1.0, max_ms=5.0, runs=5)
     assert clock.waits == 2  # once before the timed runs, once before reading the marks
+
+
+def test_measure_point_times_round_robin():
+    """Rounds alternate direction: a GPU slowing down over a point (here every call takes
+    1 ms longer than the one before) favours no implementation; a failing implementation
+    is a row with its error, whether it fails on its first call or while being timed."""
+    import torch
+
+    from attnlab.bench.runner import measure_point
+
+    log = []
+    clock = FakeClock(float(n) for n in range(1, 10_000))
+
+    def impl(name, fail_at=None):
+        def run(q, k, v, scale, causal):
+            log.append(name)
+            if log.count(name) == fail_at:
+                raise RuntimeError("lost the device")
+            clock.advance()
+        return run
+
+    def broken(q, k, v, scale, causal):
+        raise RuntimeError("no kernel")
+
+    finished = []
+    impls = {"a": impl("a"), "broken": broken, "flaky": impl("flaky", fail_at=3),
+             "b": impl("b")}
+    sets = [(torch.zeros(1),) * 3] * 3
+    point = Point(1, 128, 128, 1, 64)
+    results = measure_point(point, impls, runs=4, warmup=1, sets=sets, clock=clock,
+                            on_impl=finished.append)
+    # First calls; a first timing attempt that "flaky" ends; then a, b again: one warm-up
+    # round and 4 timed rounds, alternating direction.
+    assert log == (["a", "flaky", "b"] + ["a", "flaky", "b"] + ["a", "flaky"]
+                   + ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"])
+    by_name = {r.impl: r for r in results}
+    assert [r.impl for r in results] == ["a", "broken", "flaky", "b"]
+    assert "no kernel" in by_name["broken"].error and by_name["broken"].timing is None
+    assert "lost the device" in by_name["flaky"].error and by_name["flaky"].timing is None
+    assert by_name["a"].timing.runs == by_name["b"].timing.runs == 4
+    assert by_name["a"].timing.median_ms == by_name["b"].timing.median_ms
+    assert sorted(finished) == ["a", "b", "broken", "flaky"]
 
 
 @pytest.mark.parametrize("runs,warmup,rotations", [(0, 1, 1), (5, -1, 1), (5, 1, 0)])
@@ -191,3 +233,20 @@ def test_ladder_rows_variant_delta_is_against_its_base():
     rows = ladder_rows(fake_results(speeds), {"k01": "a", "k02": "b", "pad8": "variant"},
                        bases={"pad8": "k01"})
     assert rows[2].delta_pct == pytest.approx(70.0 - 25.0)
+
+
+def test_attnlab_impl_outputs_follow_the_input_shape(recorder):
+    """A new point's inputs can sit where a freed set was: its outputs must still fit it."""
+    import torch
+
+    from attnlab.bench.runner import attnlab_impl
+    from attnlab.config import FlashConfig
+
+    run = attnlab_impl(FlashConfig())
+    storage = torch.randn(4 * 64 * 2 * 32)
+    for batch, seqlen in ((4, 64), (1, 256)):
+        q = storage.view(batch, seqlen, 2, 32)
+        run(q, q, q, 0.25, False)
+        launch = recorder.launches[-1]
+        assert launch["out"].shape == q.shape
+        assert launch["lse"].shape == (batch, 2, seqlen)

@@ -13,7 +13,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from attnlab.bench.timing import Timing, attention_flops, tflops, time_calls
+from attnlab.bench.timing import (
+    Clock,
+    TimedCallError,
+    Timing,
+    attention_flops,
+    sample_interleaved,
+    summarize,
+    tflops,
+)
 from attnlab.config import FlashConfig
 
 #: Rotate input sets until they span this multiple of the L2 cache.
@@ -103,8 +111,9 @@ def attnlab_impl(config: FlashConfig) -> AttentionFn:
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             causal: bool = False) -> None:
-        # One output pair per input set: allocation stays off the timed path.
-        key = q.data_ptr()
+        # One output pair per input set: allocation stays off the timed path. The shape is
+        # part of the key: the next point's inputs may reuse a freed set's memory.
+        key = (q.data_ptr(), q.shape, q.dtype)
         if key not in outputs:
             outputs[key] = (torch.empty_like(q), torch.empty(
                 q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32))
@@ -154,26 +163,43 @@ def input_sets(point: Point, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
 
 
 def measure_point(point: Point, impls: dict[str, AttentionFn], *, runs: int = 30,
-                  warmup: int = 5, on_impl: Callable[[str], None] | None = None
-                  ) -> list[Result]:
+                  warmup: int = 5, on_impl: Callable[[str], None] | None = None,
+                  sets: list[tuple[torch.Tensor, ...]] | None = None,
+                  clock: Clock | None = None) -> list[Result]:
     """Time each implementation at one point; a failing implementation records its error.
 
-    ``on_impl(name)`` is called after each implementation (progress).
+    The implementations are timed round-robin (``timing.sample_interleaved``), so a GPU
+    whose clocks drift during the point favours none of them. ``on_impl(name)`` is called
+    as each implementation is done (progress). ``sets`` (default: ``input_sets(point)``) and
+    ``clock`` (default: CUDA events) let tests run it without a GPU.
     """
-    sets = input_sets(point)
+    sets = input_sets(point) if sets is None else sets
     scale = 1.0 / math.sqrt(point.head_dim)
-    results = []
+    errors: dict[str, str] = {}
+    active: dict[str, Callable[[int], object]] = {}
     for name, fn in impls.items():
         try:
             fn(*sets[0], scale, point.causal)  # compiles / builds plans: not timed
-            timing = time_calls(lambda i, fn=fn: fn(*sets[i], scale, point.causal),
-                                warmup=warmup, runs=runs, rotations=len(sets))
-            results.append(Result(point, name, timing))
+            active[name] = lambda i, fn=fn: fn(*sets[i], scale, point.causal)
         except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
-            results.append(Result(point, name, None, f"{type(exc).__name__}: {exc}"))
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            if on_impl is not None:
+                on_impl(name)
+    samples: dict[str, list[float]] = {}
+    while active and not samples:
+        try:
+            samples = sample_interleaved(active, warmup=warmup, runs=runs,
+                                         rotations=len(sets), clock=clock)
+        except TimedCallError as exc:  # drop it, time the others again
+            errors[exc.name] = str(exc)
+            del active[exc.name]
+            if on_impl is not None:
+                on_impl(exc.name)
+    for name in samples:
         if on_impl is not None:
             on_impl(name)
-    return results
+    return [Result(point, name, None, errors[name]) if name in errors
+            else Result(point, name, summarize(samples[name])) for name in impls]
 
 
 def measure_grid(points: Sequence[Point], impls: dict[str, AttentionFn], *, runs: int = 30,

@@ -62,26 +62,61 @@ class CudaEventClock:
         return start.elapsed_time(stop)  # type: ignore[attr-defined]
 
 
-def time_calls(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,
-               rotations: int = 1, clock: Clock | None = None) -> Timing:
-    """Time ``fn`` with a pair of marks per call, after ``warmup`` untimed calls.
+class TimedCallError(RuntimeError):
+    """An implementation that failed while being timed (``name``; the cause is chained)."""
 
-    Marks are read only after the last call, so timing never synchronises between calls.
+    def __init__(self, name: str, exc: Exception):
+        super().__init__(f"{type(exc).__name__}: {exc}")
+        self.name = name
+
+
+def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int = 5,
+                       runs: int = 30, rotations: int = 1, clock: Clock | None = None
+                       ) -> dict[str, list[float]]:
+    """Milliseconds of ``runs`` calls of each function, taken round-robin.
+
+    Each round calls every function once (alternate rounds in reverse order), so all of
+    them see the GPU in the same state: clocks and power that drift over a run, or a
+    cooler GPU at the start, favour none of them. Call number ``k`` overall gets input set
+    ``k % rotations``, so consecutive calls never share an input set. ``warmup`` untimed
+    rounds come first; marks are read only after the last call, so timing never
+    synchronises between calls. A function that raises is reported as ``TimedCallError``.
     """
     if runs < 1 or warmup < 0 or rotations < 1:
         raise ValueError(f"need runs >= 1, warmup >= 0, rotations >= 1; got {runs}, {warmup}, "
                          f"{rotations}")
     clock = clock if clock is not None else CudaEventClock()
-    for i in range(warmup):
-        fn(i % rotations)
+    names = list(fns)
+    calls = 0
+
+    def call(name: str) -> None:
+        nonlocal calls
+        try:
+            fns[name](calls % rotations)
+        except Exception as exc:
+            raise TimedCallError(name, exc) from exc
+        calls += 1
+
+    for _ in range(warmup):
+        for name in names:
+            call(name)
     clock.wait()
-    marks = []
-    for i in range(runs):
-        start = clock.mark()
-        fn(i % rotations)
-        marks.append((start, clock.mark()))
+    marks: dict[str, list[tuple[object, object]]] = {name: [] for name in names}
+    for round_ in range(runs):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            start = clock.mark()
+            call(name)
+            marks[name].append((start, clock.mark()))
     clock.wait()
-    return summarize([clock.elapsed_ms(start, stop) for start, stop in marks])
+    return {name: [clock.elapsed_ms(start, stop) for start, stop in pairs]
+            for name, pairs in marks.items()}
+
+
+def time_calls(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,
+               rotations: int = 1, clock: Clock | None = None) -> Timing:
+    """One function timed: median, min and max of ``runs`` calls after ``warmup``."""
+    return summarize(sample_interleaved({"fn": fn}, warmup=warmup, runs=runs,
+                                        rotations=rotations, clock=clock)["fn"])
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
