@@ -43,6 +43,9 @@ PLAIN = dict(
         ({"v_frags_per_load": 6}, r"v_frags_per_load=6 must divide block_n / 8 = 8"),
         ({"v_frags_per_load": 4, "block_n": 48}, r"must divide block_n / 8 = 6"),
         ({"async_copy": False}, "eager_kv_loads needs async_copy"),
+        ({"d_head_tile": 24}, "d_head_tile must be 0 .* or a positive multiple of 16"),
+        ({"d_head_tile": -16}, "d_head_tile must be 0"),
+        ({"d_head_tile": True}, "d_head_tile must be 0"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",
@@ -140,6 +143,13 @@ def test_check_problem_rejects_unsupported_head_dim(head_dim: int) -> None:
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
 def test_check_problem_accepts_supported_head_dims(head_dim: int) -> None:
     FlashConfig(block_m=64, block_n=64).check_problem(head_dim)
+
+
+def test_d_head_tile_must_divide_head_dim() -> None:
+    config = FlashConfig(d_head_tile=64)
+    config.check_problem(128)
+    with pytest.raises(ConfigError, match="d_head_tile=64 must divide head_dim=96"):
+        config.check_problem(96)
 
 
 def test_check_problem_rejects_smem_overflow() -> None:

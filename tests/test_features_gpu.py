@@ -154,11 +154,12 @@ def test_causal(shape, dtype):
     check_dense(*dense_inputs(*shape, dtype, seed=sum(shape)), window=(-1, 0))
 
 
-@pytest.mark.parametrize("name", list(ladder.LADDER))
+@pytest.mark.parametrize("name", list(ladder.NAMED))
 def test_causal_gqa_on_every_ladder_config(name):
-    """Masking meets the tiling: every block_m/block_n of the ladder, diagonal blocks and all."""
+    """Masking meets the tiling: every block_m/block_n of the ladder and the lab variants,
+    diagonal blocks and all."""
     q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=1)
-    check_dense(q, k, v, window=(-1, 0), config=ladder.LADDER[name])
+    check_dense(q, k, v, window=(-1, 0), config=ladder.NAMED[name])
 
 
 @pytest.mark.parametrize("window", [(64, 0), (128, 128), (0, 0), (-1, 32), (200, -1)])
@@ -354,7 +355,7 @@ def test_cuda_graph_capture_and_replay():
 
 # --------------------------------------------------------------------------------------------
 # The knobs of kernels 10-16 and the lab's K/V ring and persistent grid (ladder.NAMED)
-KNOBS = ("k10", "k13", "k14", "k16", "pipeline", "persistent")
+KNOBS = ("k10", "k13", "k14", "k15", "k16", "pipeline", "persistent", "ptxas_o1")
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
@@ -377,6 +378,15 @@ def test_more_tiles_than_resident_ctas(name):
     q, k, v = dense_inputs(2, 2048, 2048, 16, 16, 128, torch.bfloat16, seed=5)
     check_dense(q, k, v, window=(-1, -1), config=ladder.NAMED[name])
     check_dense(q, k, v, window=(-1, 0), config=ladder.NAMED[name])
+
+
+@pytest.mark.parametrize("head_dim,tile", [(64, 16), (128, 16), (128, 64), (256, 32)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+def test_d_head_tile(head_dim, tile, window):
+    """Kernel 15's column chunks of O += P V, at several chunk widths and head dims."""
+    config = ladder.default_for("sm_90a", head_dim).replace(d_head_tile=tile)
+    q, k, v = dense_inputs(2, 200, 333, 4, 2, head_dim, torch.float16, seed=head_dim + tile)
+    check_dense(q, k, v, window=window, config=config)
 
 
 def test_static_strides_compile_per_stride_set():

@@ -80,6 +80,13 @@ class FlashConfig:
         smem_carveout: preferred share of the unified L1/shared-memory array given to shared
             memory, in percent (kernel 14, "cache configuration"); -1 leaves the driver's
             choice.
+        d_head_tile: O += P V in column chunks of ``d_head_tile`` (kernel 15, tiling along
+            d_head): each ldmatrix of V feeds only its chunk's MMAs, so a V sub-tile in
+            registers is ``d_head_tile`` columns wide instead of the whole head dim. 0 walks
+            the whole head dim at once. A multiple of 16 that divides the head dim.
+        ptxas_opt_level: the ``ptxas -O`` level the kernel is assembled with. 3 (the
+            default) schedules for latency and, at 255 registers, spills a few values per
+            block; 1 keeps fewer values in flight and needs no spills (docs/ladder.md).
         persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the driver's
             occupancy calculator) and let each loop over output tiles (the GA104 lab's
             persistent grid), instead of one CTA per tile.
@@ -102,6 +109,8 @@ class FlashConfig:
     static_strides: bool = False
     peel_first_kv_block: bool = False
     smem_carveout: int = -1
+    d_head_tile: int = 0
+    ptxas_opt_level: int = 3
     persistent: bool = False
 
     def __post_init__(self) -> None:
@@ -149,6 +158,16 @@ class FlashConfig:
             raise ConfigError(
                 f"smem_carveout must be a percentage 0..100 or -1 (driver default), got "
                 f"{self.smem_carveout!r}"
+            )
+        if (not isinstance(self.d_head_tile, int) or isinstance(self.d_head_tile, bool)
+                or self.d_head_tile < 0 or self.d_head_tile % 16):
+            raise ConfigError(
+                f"d_head_tile must be 0 (the whole head dim) or a positive multiple of 16 "
+                f"(one ldmatrix.x4 of V covers 16 columns), got {self.d_head_tile!r}"
+            )
+        if self.ptxas_opt_level not in (0, 1, 2, 3) or isinstance(self.ptxas_opt_level, bool):
+            raise ConfigError(
+                f"ptxas_opt_level must be 0, 1, 2 or 3, got {self.ptxas_opt_level!r}"
             )
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -207,6 +226,10 @@ class FlashConfig:
             flags.append("peel_first")
         if self.static_strides:
             flags.append("static_strides")
+        if self.d_head_tile:
+            flags.append(f"d_head_tile_{self.d_head_tile}")
+        if self.ptxas_opt_level != 3:
+            flags.append(f"ptxas_O{self.ptxas_opt_level}")
         if self.smem_carveout >= 0:
             flags.append(f"carveout_{self.smem_carveout}")
         if self.persistent:
@@ -226,6 +249,10 @@ class FlashConfig:
                 raise ConfigError(
                     f"{name}={value} must divide head_dim / 8 = {head_dim // FRAG_COLS}"
                 )
+        if self.d_head_tile and head_dim % self.d_head_tile:
+            raise ConfigError(
+                f"d_head_tile={self.d_head_tile} must divide head_dim={head_dim}"
+            )
         capacity = SMEM_CAPACITY.get(arch)
         if capacity is None:
             raise ConfigError(f"unknown arch {arch!r}; known: {sorted(SMEM_CAPACITY)}")

@@ -17,13 +17,14 @@ k11    swizzled RF->SMEM epilogue: the same config as k09, in the kernel since k
 k12    clean-ups found in the SASS: unpredicated full tiles
 k13    K/V blocks walked backwards
 k14    cache configuration: shared-memory carveout at 100 %
-k15    tiling along d_head: not built (docs/ladder.md)
+k15    tiling along d_head: O += P V in 32-column chunks of the head dim
 k16    static global-memory strides (row and head strides compiled in)
 =====  ==============================================================================
 
-A step that measured slower (k10, k13) keeps its row but is not carried forward: ``BASES``
-names what each step changes. The GA104 lab's variants (``LAB_VARIANTS``) each change one
-thing of kernel 7.
+A step that measured no faster (k10, k13, k14, k15) keeps its row but is not carried
+forward: ``BASES`` names what each step changes. The GA104 lab's variants (``LAB_VARIANTS``)
+each change one thing of their base: kernel 7, or for ``bc128`` the lab's own
+16-rows-per-warp kernel and for ``ptxas_o1`` kernel 16.
 """
 
 from __future__ import annotations
@@ -61,29 +62,35 @@ k11 = k09  # k10 measured slower: not carried forward
 k12 = k11.replace(unpredicated_full_tiles=True)
 k13 = k12.replace(reverse_kv=True)
 k14 = k12.replace(smem_carveout=100)  # k13 measured slower: not carried forward
-k16 = k14.replace(static_strides=True)
+k15 = k12.replace(d_head_tile=32)  # k14 measured slower: not carried forward
+k16 = k12.replace(static_strides=True)  # k15 measured no faster: not carried forward
 
 LADDER: dict[str, FlashConfig] = {
     "k01": k01, "k02": k02, "k03": k03, "k04": k04, "k05": k05, "k06": k06, "k07": k07,
     "k08": k08, "k09": k09, "k10": k10, "k11": k11, "k12": k12, "k13": k13, "k14": k14,
-    "k16": k16,
+    "k15": k15, "k16": k16,
 }
 
-#: The GA104 lab's variants (seed 004), each one change to kernel 7 (its base).
+#: The GA104 lab's variants (seed 004), each one change to its base (``BASES``).
 LAB_VARIANTS: dict[str, FlashConfig] = {
     "pad8": k07.replace(swizzle="pad8"),  # Observation W: +8 halves per row, not the XOR
-    "bc128": k07.replace(block_n=128),  # B_c = 128: twice the MMAs per K/V load
     "br16": k07.replace(block_m=64),  # 16 query rows per warp
+    # B_c = 128 on the lab's 16 rows per warp (its flash_attn_br16_bc128): twice the MMAs
+    # per K/V load.
+    "bc128": k07.replace(block_m=64, block_n=128),
     "pipeline": k07.replace(kv_stages=2),  # a two-stage cp.async K/V ring
     "persistent": k07.replace(persistent=True),  # SMs x CTAs/SM CTAs looping over tiles
+    # Observation CC's zero-spill audit: kernel 16 assembled with ptxas -O1.
+    "ptxas_o1": k16.replace(ptxas_opt_level=1),
 }
 LAB_BASE = "k07"
 
 #: The config each row changes (its delta in ``attnlab ladder`` is against that row).
 BASES: dict[str, str] = {
     **{f"k{i:02d}": f"k{i - 1:02d}" for i in range(2, 11)},
-    "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k16": "k14",
+    "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k15": "k12", "k16": "k12",
     **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
+    "bc128": "br16", "ptxas_o1": "k16",
 }
 
 #: What each step adds, for tables and plots.
@@ -102,12 +109,14 @@ STEP_NAMES: dict[str, str] = {
     "k12": "unpredicated full tiles",
     "k13": "K/V blocks backwards",
     "k14": "smem carveout 100%",
+    "k15": "tiling along d_head (P V)",
     "k16": "static GMEM strides",
     "pad8": "lab: +8-half padding instead of swizzle",
-    "bc128": "lab: B_c = 128",
     "br16": "lab: 16 rows per warp",
+    "bc128": "lab: B_c = 128 (16 rows per warp)",
     "pipeline": "lab: 2-stage cp.async K/V ring",
     "persistent": "lab: persistent grid",
+    "ptxas_o1": "lab: zero spills (k16, ptxas -O1)",
 }
 
 

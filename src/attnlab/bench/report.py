@@ -137,7 +137,7 @@ def ladder_table(rows: Sequence[LadderRow], ref_tflops: float | None, title: str
     table.add_column("kernel")
     table.add_column("iteration")
     table.add_column(f"% of ref @ {anchor}", justify="right")
-    table.add_column("Δ vs previous (lab: vs k07)", justify="right")
+    table.add_column("Δ vs its base (ladder.BASES)", justify="right")
     table.add_column("harmonic mean %", justify="right")
     for row in rows:
         table.add_row(row.name, row.step, _pct(row.pct_at_anchor),

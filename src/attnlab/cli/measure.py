@@ -165,7 +165,7 @@ def ladder(
     out: Path = OUT_OPTION,
 ) -> None:
     """The seeds' table: percent of SDPA flash per ladder step and lab variant, at ANCHOR and
-    as a harmonic mean over the seqlens; each step's delta to the previous (variants: to k07)."""
+    as a harmonic mean over the seqlens; each row's delta to its base (``ladder.BASES``)."""
     from attnlab import ladder as ladder_configs
     from attnlab.bench.baselines import sdpa
     from attnlab.bench.report import (

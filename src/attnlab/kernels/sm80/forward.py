@@ -13,7 +13,8 @@ Every knob of the seeds' kernels 1-7 is a compile-time branch of this one kernel
 * ``eager_kv_loads``: K_{j+1} and V_j are in flight while the tensor cores work on the other
   operand; without it each tile is loaded, waited for, then used.
 * ``*_frags_per_load`` / ``double_buffer_smem_to_rf``: the schedule of ``ldmatrix`` against the
-  MMAs in each GEMM (``_gemm``).
+  MMAs in each GEMM (``_gemm``); ``d_head_tile`` (kernel 15) also splits each V sub-tile of
+  O += P V into column chunks of the head dim.
 * ``fused_softmax``: see ``kernels/common/softmax.py``.
 
 Tail tiles need no divisibility: Q rows past Sq and K/V rows past Sk are zero-filled in shared
@@ -67,6 +68,8 @@ class FlashForwardSm80:
         # ((row, head) strides of Q, K, V, O) compiled in, or None: taken at launch.
         self.static_strides = static_strides
         self.head_dim = head_dim
+        # Column chunks of O += P V (kernel 15's tiling along d_head).
+        self.v_chunks = head_dim // config.d_head_tile if config.d_head_tile else 1
         self.dtype = dtype
         self.windowed = windowed
         self.varlen = varlen
@@ -450,7 +453,7 @@ class FlashForwardSm80:
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
-                   cfg.v_frags_per_load)
+                   cfg.v_frags_per_load, self.v_chunks)
 
     def _load_block(self, gmem_load: cute.TiledCopy, tiles, coord: cute.Tensor, n_block,
                     stage, rows_left):
@@ -498,7 +501,7 @@ class FlashForwardSm80:
 
     def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
               tCrB: cute.Tensor, load_a, load_b, a_frags: cutlass.Constexpr,
-              b_frags: cutlass.Constexpr):
+              b_frags: cutlass.Constexpr, b_chunks: cutlass.Constexpr = 1):
         """``acc += A @ B`` over the k-blocks (MMA_K = 16 columns) of the reduction dimension.
 
         ``load_a``/``load_b`` are ``(tiled_copy, smem_view, reg_view)`` for an operand that has
@@ -506,29 +509,55 @@ class FlashForwardSm80:
         the sub-tile size in 8-column fragments (0: the whole tile before the first MMA).
         With double buffering the ldmatrix of the next sub-tile is issued before the MMAs of the
         current one, so shared-memory latency hides behind tensor-core work.
+
+        ``b_chunks`` > 1 (kernel 15, A in registers) splits each B sub-tile into that many
+        column chunks, loaded one after the other: a B sub-tile in registers is one chunk
+        wide. The MMAs still walk k-block by k-block (all chunks of one k-block, then the
+        next), so each k-block keeps every accumulator independent of the others.
         """
+        if b_chunks > 1 and load_a is not None:
+            raise ValueError("column chunks of B need A in registers (it is not reloaded)")
         num_k = cute.size(tCrA, mode=[2])
         plan = []
         for spec, frags in ((load_a, a_frags), (load_b, b_frags)):
             if spec is not None:
                 step = num_k if frags == 0 else frags * FRAG_COLS // MMA_K
-                plan.append((spec, step))
+                # Sub-tiles in the order the MMAs first use them: (first k-block, chunk).
+                chunks = b_chunks if spec is load_b else 1
+                units = [(k, c) for k in range(0, num_k, step) for c in range(chunks)]
+                plan.append((spec, step, chunks, units))
         ahead = self.cfg.double_buffer_smem_to_rf
         if ahead:
-            for spec, step in plan:
-                self._load_ksteps(spec, 0, step)
+            for spec, step, chunks, units in plan:
+                self._load_ksteps(spec, units[0], step, chunks)
         for k in range(num_k):
-            for spec, step in plan:
-                if k % step == 0:
-                    first = k + step if ahead else k
-                    if first < num_k:
-                        self._load_ksteps(spec, first, step)
-            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            for c in range(b_chunks):
+                for spec, step, chunks, units in plan:
+                    if k % step == 0 and c < chunks:
+                        nxt = units.index((k, c)) + (1 if ahead else 0)
+                        if nxt < len(units):
+                            self._load_ksteps(spec, units[nxt], step, chunks)
+                if cutlass.const_expr(b_chunks == 1):
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+                else:
+                    # N split as (atoms of a chunk, chunks): one MMA call per chunk.
+                    atoms = cute.size(tCrB, mode=[1]) // b_chunks
+                    acc_c = cute.logical_divide(acc, (None, None, atoms))[None, None, (None, c)]
+                    tCrB_c = cute.logical_divide(tCrB, (None, atoms))[None, (None, c), k]
+                    cute.gemm(tiled_mma, acc_c, tCrA[None, None, k], tCrB_c, acc_c)
 
-    def _load_ksteps(self, spec, first: int, count: int):
+    def _load_ksteps(self, spec, unit: tuple[int, int], count: int, chunks: int):
+        """ldmatrix ``count`` k-blocks from ``unit`` = (first k-block, column chunk of
+        ``chunks``); a copy's column index runs along the operand's N columns in order."""
         tiled_copy, src, dst = spec
+        first, chunk = unit
+        per_chunk = cute.size(src, mode=[1]) // chunks
         for k in range(first, first + count):
-            cute.copy(tiled_copy, src[None, None, k], dst[None, None, k])
+            if chunks == 1:
+                cute.copy(tiled_copy, src[None, None, k], dst[None, None, k])
+            else:
+                for j in range(chunk * per_chunk, (chunk + 1) * per_chunk):
+                    cute.copy(tiled_copy, src[None, j, k], dst[None, j, k])
 
     @cute.jit
     def _store_lse(self, mLSE: cute.Tensor, batch, head, first_row, thr_mma, lse_rows,
