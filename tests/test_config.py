@@ -46,6 +46,8 @@ PLAIN = dict(
         ({"d_head_tile": 24}, "d_head_tile must be 0 .* or a positive multiple of 16"),
         ({"d_head_tile": -16}, "d_head_tile must be 0"),
         ({"d_head_tile": True}, "d_head_tile must be 0"),
+        ({"ptxas_opt_level": 4}, "ptxas_opt_level must be 0, 1, 2 or 3, got 4"),
+        ({"ptxas_opt_level": True}, "ptxas_opt_level must be 0, 1, 2 or 3"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",
