@@ -250,3 +250,31 @@ def test_attnlab_impl_outputs_follow_the_input_shape(recorder):
         launch = recorder.launches[-1]
         assert launch["out"].shape == q.shape
         assert launch["lse"].shape == (batch, 2, seqlen)
+
+
+def test_dispatched_impl_picks_a_config_per_mask_variant(recorder, monkeypatch):
+    """A causal point gets the windowed kernel's default, not the one cached for plain."""
+    import torch
+
+    from attnlab import dispatch, validation
+    from attnlab.bench.runner import dispatched_impl
+    from attnlab.config import FlashConfig
+
+    def problem(q, k, v, *, causal=False):
+        return validation.Problem(*q.shape[:2], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
+                                  q.dtype, 0.25, (-1, 0) if causal else (-1, -1))
+
+    windows = []
+
+    def default_config(device, prob):
+        windows.append(prob.window)
+        return FlashConfig(row_sum_chains=1 + len(windows))
+
+    monkeypatch.setattr(validation, "check_inputs", problem)
+    monkeypatch.setattr(dispatch, "default_config", default_config)
+    run = dispatched_impl()
+    q = torch.randn(2, 64, 2, 32)
+    for causal in (False, True, True, False):
+        run(q, q, q, 0.25, causal)
+    assert windows == [(-1, -1), (-1, 0)]
+    assert [launch["config"].row_sum_chains for launch in recorder.launches] == [2, 3, 3, 2]

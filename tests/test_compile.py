@@ -146,3 +146,22 @@ def test_variants_keep_one_main_loop(windowed, varlen, artifact_dir):
     assert variant.cubin != plain.cubin
     ops = histogram(parse(disassemble(variant.cubin)))
     assert ops["HMMA"] == expected_hmma(cfg, 64, windowed)
+
+
+@pytest.mark.parametrize(("head_dim", "windowed", "dtype"), sorted(ladder.SM90_DEFAULT_KNOBS))
+def test_row_sum_chains_of_the_default(head_dim, windowed, dtype, artifact_dir):
+    """The defaults with several row-sum chains add each row's terms once: one FADD fewer per
+    row and loop body than ``reduce``'s chain, which starts from 0.0; MMAs unchanged."""
+    cfg = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    assert cfg.row_sum_chains > 1
+
+    def ops(config):
+        art = compile_config(config, "sm_90a", dtype=dtype, head_dim=head_dim,
+                             windowed=windowed, out_dir=artifact_dir)
+        return histogram(parse(disassemble(art.cubin)))
+
+    chained, single = ops(cfg), ops(cfg.replace(row_sum_chains=1))
+    rows = cfg.block_m // cfg.num_warps // 8  # rows of S per thread
+    bodies = 3 if windowed else 2
+    assert chained["HMMA"] == single["HMMA"] == expected_hmma(cfg, head_dim, windowed)
+    assert chained["FADD"] == single["FADD"] - rows * bodies

@@ -48,6 +48,11 @@ PLAIN = dict(
         ({"d_head_tile": True}, "d_head_tile must be 0"),
         ({"ptxas_opt_level": 4}, "ptxas_opt_level must be 0, 1, 2 or 3, got 4"),
         ({"ptxas_opt_level": True}, "ptxas_opt_level must be 0, 1, 2 or 3"),
+        ({"row_sum_chains": 0}, r"row_sum_chains must be an int from 1 to block_n / 4 = 16"),
+        ({"row_sum_chains": 17}, "row_sum_chains must be an int from 1 .* got 17"),
+        ({"row_sum_chains": 8, "block_n": 16}, r"from 1 to block_n / 4 = 4 .*got 8"),
+        ({"row_sum_chains": 2.0}, "row_sum_chains must be an int"),
+        ({"row_sum_chains": True}, "row_sum_chains must be an int"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",

@@ -389,6 +389,16 @@ def test_d_head_tile(head_dim, tile, window):
     check_dense(q, k, v, window=window, config=config)
 
 
+@pytest.mark.parametrize("chains", [2, 4, 16])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_row_sum_chains(chains, window):
+    """Row sums added in several chains: dense (tails in both sequences) and packed."""
+    config = ladder.default_for("sm_90a", 128).replace(row_sum_chains=chains)
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=chains)
+    check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.float16, config)
+
+
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

@@ -3,6 +3,7 @@ the dispatch that reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -111,7 +112,22 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
     assert dispatch.default_config(device, problem(3000)) == tuned  # same bucket
     fallback = ladder.default_for("sm_90a")
     assert dispatch.default_config(device, problem(8192)) == fallback  # no entry
-    assert dispatch.default_config(device, problem(4096, torch.float16)) == fallback
+    assert (dispatch.default_config(device, problem(4096, torch.float16))
+            == ladder.default_for("sm_90a", dtype="float16"))  # the key has the dtype
+
+
+def test_dispatch_default_follows_the_mask_variant(fake_h200):
+    """Causal and windowed calls compile the windowed kernel, whose default has its own
+    knobs (ladder.SM90_DEFAULT_KNOBS), as does each dtype."""
+    device = torch.device("cuda", 0)
+    causal = dataclasses.replace(problem(4096), window=(-1, 0))
+    chosen = dispatch.default_config(device, causal)
+    assert chosen == ladder.default_for("sm_90a", 128, windowed=True)
+    knobs = ladder.SM90_DEFAULT_KNOBS[(128, True, "bfloat16")]
+    assert chosen.row_sum_chains == knobs["row_sum_chains"] > 1
+    assert dispatch.default_config(device, problem(4096)).row_sum_chains == 1
+    fp16 = dispatch.default_config(device, problem(4096, torch.float16))
+    assert fp16 == ladder.default_for("sm_90a", 128, dtype="float16") != ladder.k16
 
 
 def inspected(registers: int, **changes) -> Inspection:

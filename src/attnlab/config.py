@@ -87,6 +87,11 @@ class FlashConfig:
         ptxas_opt_level: the ``ptxas -O`` level the kernel is assembled with. 3 (the
             default) schedules for latency and, at 255 registers, spills a few values per
             block; 1 keeps fewer values in flight and needs no spills (docs/ladder.md).
+        row_sum_chains: independent FADD chains that add up each row's share of a P tile,
+            combined pairwise at the end. 1 is one dependent chain; more chains shorten it
+            (a warp issues in order, so an FADD waiting on the one before also holds back
+            the MMAs behind it) at the cost of a live register per chain. At most the
+            row's elements per thread (block_n / 4), where it is a full tree.
         persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the driver's
             occupancy calculator) and let each loop over output tiles (the GA104 lab's
             persistent grid), instead of one CTA per tile.
@@ -112,6 +117,7 @@ class FlashConfig:
     d_head_tile: int = 0
     ptxas_opt_level: int = 3
     persistent: bool = False
+    row_sum_chains: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -168,6 +174,13 @@ class FlashConfig:
         if self.ptxas_opt_level not in (0, 1, 2, 3) or isinstance(self.ptxas_opt_level, bool):
             raise ConfigError(
                 f"ptxas_opt_level must be 0, 1, 2 or 3, got {self.ptxas_opt_level!r}"
+            )
+        per_row = self.block_n // 4  # elements of a row in one thread's S fragment
+        if (not isinstance(self.row_sum_chains, int) or isinstance(self.row_sum_chains, bool)
+                or not 1 <= self.row_sum_chains <= per_row):
+            raise ConfigError(
+                f"row_sum_chains must be an int from 1 to block_n / 4 = {per_row} (a thread's "
+                f"elements of one row), got {self.row_sum_chains!r}"
             )
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load

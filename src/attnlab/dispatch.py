@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
 from attnlab.ladder import default_for
+from attnlab.validation import UNBOUNDED
 
 if TYPE_CHECKING:
     import torch
@@ -72,4 +73,7 @@ def default_config(device: torch.device, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses when the caller gives none."""
     dtype = str(problem.dtype).removeprefix("torch.")
     tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q))
-    return tuned if tuned is not None else default_for(arch_of(device), problem.head_dim)
+    if tuned is not None:
+        return tuned
+    windowed = tuple(problem.window) != UNBOUNDED
+    return default_for(arch_of(device), problem.head_dim, windowed, dtype)

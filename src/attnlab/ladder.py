@@ -138,11 +138,33 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     return config
 
 
-def default_for(arch: str, head_dim: int = 128) -> FlashConfig:
+#: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
+#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains"): the row-sum
+#: chains, and for fp16 at hd128 kernel 13's backward K/V walk as well. Other problems keep
+#: the plain default.
+SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
+    (64, False, "bfloat16"): {"row_sum_chains": 16},
+    (64, False, "float16"): {"row_sum_chains": 16},
+    (64, True, "bfloat16"): {"row_sum_chains": 4},
+    (64, True, "float16"): {"row_sum_chains": 4},
+    (128, False, "float16"): {"row_sum_chains": 8, "reverse_kv": True},
+    (128, True, "bfloat16"): {"row_sum_chains": 4},
+    (128, True, "float16"): {"row_sum_chains": 4},
+}
+
+
+def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
+                dtype: str = "bfloat16") -> FlashConfig:
     """What ``attention()`` runs without a tuned entry: kernel 7 plus the steps since that
-    measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles and kernel 16's
-    compiled-in strides (one compile per head count / layout)."""
-    return k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
+    measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles, kernel 16's
+    compiled-in strides (one compile per head count / layout) and, on Hopper, the knobs
+    measured best for the problem (``SM90_DEFAULT_KNOBS``; ``windowed``: causal or
+    sliding-window attention, a kernel of its own; ``dtype``: ``"bfloat16"`` or
+    ``"float16"``)."""
+    config = k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
+    if family(arch) == "sm_90":
+        config = config.replace(**SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {}))
+    return config
 
 
 NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS}

@@ -133,9 +133,10 @@ def dispatched_impl() -> AttentionFn:
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             causal: bool = False) -> None:
-        key = (q.shape, k.shape, q.dtype)
+        key = (q.shape, k.shape, q.dtype, causal)
         if key not in configs:
-            configs[key] = dispatch.default_config(q.device, check_inputs(q, k, v))
+            configs[key] = dispatch.default_config(q.device,
+                                                   check_inputs(q, k, v, causal=causal))
         cfg = configs[key]
         if cfg not in inner:
             inner[cfg] = attnlab_impl(cfg)

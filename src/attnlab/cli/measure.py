@@ -251,7 +251,7 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
 
     device = torch.device("cuda")
     arch = dispatch.arch_of(device)
-    default = default_for(arch, head_dim)
+    default = default_for(arch, head_dim, dtype=dtype_name)
     space = search_space(wide)
     with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
         task = progress.add_task(f"compile + prune ({workers} workers)", total=len(space))

@@ -32,6 +32,19 @@ def quad_allreduce(value: cutlass.Float32, op) -> cutlass.Float32:
     return value
 
 
+def chained_sum(terms: list, chains: int) -> cutlass.Float32:
+    """Sum ``terms`` in ``chains`` interleaved dependent chains, then add the chains
+    pairwise: 1 is one chain (depth len(terms)), len(terms) a full tree (depth log2)."""
+    partial = list(terms[:chains])
+    for i in range(chains, len(terms)):
+        partial[i % chains] = partial[i % chains] + terms[i]
+    terms = partial
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 @dataclass
 class OnlineSoftmax:
     """Running statistics of the rows this thread owns.
@@ -47,16 +60,18 @@ class OnlineSoftmax:
     #: Rows may see no key at all (windows, empty sequences): keep -inf maxima out of exp2
     #: and zero sums out of the division. Off for plain attention, whose SASS stays lean.
     guard_empty_rows: cutlass.Constexpr
+    #: Independent FADD chains per row sum (``chained_sum``); 1: ``reduce``'s single chain.
+    sum_chains: cutlass.Constexpr = 1
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows)
+                   guard_empty_rows, sum_chains)
 
     @cute.jit
     def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
@@ -88,8 +103,14 @@ class OnlineSoftmax:
                 p = cute.math.exp2((row - m_exp) * LOG2_E, fastmath=True)
                 correction = cute.math.exp2((m_old - m_exp) * LOG2_E, fastmath=True)
             self.row_max[r] = m_new
-            tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             s_mn[r, None] = p
+            if cutlass.const_expr(self.sum_chains > 1):
+                terms = []
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    terms.append(s_mn[r, c])
+                tile_sum = chained_sum(terms, self.sum_chains)
+            else:
+                tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             if cutlass.const_expr(first):
                 self.row_sum[r] = tile_sum
             else:
