@@ -30,7 +30,7 @@ case $mode in
     ;;
   knobs)
     python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/test_features_gpu.py \
-      -k "knob or tiles or static or carveout or every_ladder or d_head_tile" 2>&1 | tee -a "$log" | tail -5
+      -k "knob or tiles or static or carveout or every_ladder or d_head_tile or row_sum" 2>&1 | tee -a "$log" | tail -5
     ;;
   ladder)
     attnlab ladder --out "$OUT"
