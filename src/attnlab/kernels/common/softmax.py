@@ -110,6 +110,7 @@ class OnlineSoftmax:
                     terms.append(s_mn[r, c])
                 tile_sum = chained_sum(terms, self.sum_chains)
             else:
+                # The ladder rows were measured (and their SASS recorded) with this chain.
                 tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             if cutlass.const_expr(first):
                 self.row_sum[r] = tile_sum
