@@ -15,7 +15,7 @@ from attnlab.config import FlashConfig
 from attnlab.tune.cache import SEQLEN_BUCKETS, TuneCache, TuneKey, seqlen_bucket
 from attnlab.tune.prune import Inspection
 from attnlab.tune.search import select_for_timing, summarize_pruning
-from attnlab.tune.space import search_space
+from attnlab.tune.space import ROW_SUM_CHAINS, knob_neighbours, search_space
 from attnlab.validation import Problem
 
 
@@ -29,6 +29,25 @@ def test_search_space_is_valid_unique_and_holds_the_default():
     assert set(space) < set(wide)
     assert any(c.swizzle == "pad8" for c in wide)
     assert any(c.k_frags_per_load != c.v_frags_per_load for c in wide)
+
+
+@pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),
+                                                      (64, True, "float16")])
+def test_knob_neighbours_cover_chains_and_walks_of_one_tile(head_dim, windowed, dtype):
+    """The refinement keeps the tile and varies only the row-sum chains (up to a full tree of
+    block_n / 4) and the K/V walk; every neighbour has a name of its own (the timing key)."""
+    best = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    around = knob_neighbours(best)
+    assert best in around
+    chains = [c for c in ROW_SUM_CHAINS if c <= best.block_n // 4]
+    assert len(around) == len(set(around)) == 2 * len(chains)
+    assert len({c.short_name() for c in around}) == len(around)
+    assert {(c.row_sum_chains, c.reverse_kv) for c in around} == {
+        (n, r) for n in chains for r in (False, True)}
+    assert all(dataclasses.replace(c, row_sum_chains=1, reverse_kv=False)
+               == dataclasses.replace(best, row_sum_chains=1, reverse_kv=False) for c in around)
+    assert max(c.row_sum_chains for c in knob_neighbours(best.replace(block_n=32,
+                                                                      row_sum_chains=1))) == 8
 
 
 def test_select_for_timing_prefers_big_tiles_then_fewer_registers():

@@ -247,6 +247,8 @@ class FlashConfig:
             flags.append(f"carveout_{self.smem_carveout}")
         if self.persistent:
             flags.append("persistent")
+        if self.row_sum_chains > 1:
+            flags.append(f"row_sum_chains_{self.row_sum_chains}")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------

@@ -139,14 +139,15 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
 
 
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
-#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains"): the row-sum
-#: chains, and for fp16 at hd128 kernel 13's backward K/V walk as well. Other problems keep
-#: the plain default.
+#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains" and "B_c = 128
+#: at hd64"): the row-sum chains; at hd64 B_c = 128 (S then fits beside the 64-column O);
+#: kernel 13's backward K/V walk where it measured faster. Other problems keep the plain
+#: default.
 SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
-    (64, False, "bfloat16"): {"row_sum_chains": 16},
-    (64, False, "float16"): {"row_sum_chains": 16},
-    (64, True, "bfloat16"): {"row_sum_chains": 4},
-    (64, True, "float16"): {"row_sum_chains": 4},
+    (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8},
+    (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4},
+    (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True},
+    (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True},
     (128, False, "float16"): {"row_sum_chains": 8, "reverse_kv": True},
     (128, True, "bfloat16"): {"row_sum_chains": 4},
     (128, True, "float16"): {"row_sum_chains": 4},

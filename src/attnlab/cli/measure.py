@@ -215,6 +215,8 @@ def tune(
     max_timed: int = typer.Option(24, min=1, help="Time at most this many survivors."),
     runs: int = typer.Option(20, min=5),
     wide: bool = typer.Option(False, help="Also vary K/V sub-tiles apart and try pad8."),
+    refine: bool = typer.Option(True, help="Then time the best tile with each row-sum chain "
+                                "count and K/V walk direction."),
     show: bool = typer.Option(False, help="Print the cache and exit."),
     clear: bool = typer.Option(False, help="Empty the cache and exit."),
 ) -> None:
@@ -232,11 +234,11 @@ def tune(
     (dtype_name,) = parse_dtypes(dtype)
     require_gpu()
     _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden,
-                workers or os.cpu_count() or 1, max_timed, runs, wide)
+                workers or os.cpu_count() or 1, max_timed, runs, wide, refine)
 
 
 def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, max_timed,
-                runs, wide) -> None:
+                runs, wide, refine) -> None:
     import tempfile
 
     import torch
@@ -247,7 +249,7 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
     from attnlab.compile import dsl_version
     from attnlab.ladder import default_for
     from attnlab.tune.search import prune_space, time_candidates
-    from attnlab.tune.space import search_space
+    from attnlab.tune.space import knob_neighbours, search_space
 
     device = torch.device("cuda")
     arch = dispatch.arch_of(device)
@@ -261,9 +263,15 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
         outcomes = []
         for point in tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name]):
             timing = progress.add_task(f"time seq {point.seqlen_q}", total=len(chosen) + 1)
-            outcomes.append(time_candidates(
-                point, default, chosen, runs=runs,
-                on_impl=lambda name, t=timing: progress.advance(t)))
+            outcome = time_candidates(point, default, chosen, runs=runs,
+                                      on_impl=lambda name, t=timing: progress.advance(t))
+            if refine:
+                # A second timing round of the best tile's knobs, against the default again.
+                around = [c for c in knob_neighbours(outcome.best) if c != default]
+                timing = progress.add_task(f"refine seq {point.seqlen_q}", total=len(around) + 1)
+                outcome = time_candidates(point, default, around, runs=runs,
+                                          on_impl=lambda name, t=timing: progress.advance(t))
+            outcomes.append(outcome)
     console.print(_summary_table(summary))
     for outcome in outcomes:
         point = outcome.point

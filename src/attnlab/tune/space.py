@@ -30,3 +30,19 @@ def search_space(wide: bool = False) -> list[FlashConfig]:
         except ConfigError:
             continue  # e.g. 8 warps cannot split 64 rows into 16-row MMA tiles
     return configs
+
+
+#: Row-sum chain counts the refinement tries (capped at a full tree, ``block_n / 4``).
+ROW_SUM_CHAINS = (1, 2, 4, 8, 16)
+
+
+def knob_neighbours(config: FlashConfig) -> list[FlashConfig]:
+    """``config`` with each row-sum chain count and each K/V walk direction (kernel 13).
+
+    These knobs change no tile, no shared memory and no occupancy, only how ptxas schedules
+    and allocates the loop, and their best value moved with the head dim, dtype and mask on
+    an H200 (docs/ladder.md): they are timed around the best tile, not pruned statically.
+    """
+    chains = [c for c in ROW_SUM_CHAINS if c <= config.block_n // 4]
+    return [config.replace(row_sum_chains=c, reverse_kv=r)
+            for c, r in itertools.product(chains, (False, True))]
