@@ -179,3 +179,35 @@ def test_prune_shared_memory_on_a100_and_counts():
     survivors, reasons = prune([big, ok, Inspection(ladder.k06, error="x")], get_spec("A100"))
     assert survivors == [ok]
     assert reasons == Counter({"shared memory": 1, "compile error": 1})
+
+
+@pytest.mark.parametrize("refine", [True, False])
+def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refine):
+    """The tuning loop times the pruned space, then (``refine``) the best tile's chain counts
+    and K/V walks without the default among them, and caches the faster of what it timed."""
+    from attnlab.analysis import occupancy
+    from attnlab.cli import measure
+    from attnlab.tune import search
+
+    default = ladder.default_for("sm_90a", 128)
+    tile = default.replace(block_n=32, row_sum_chains=1)
+    rounds = []
+
+    def fake_time(point, base, candidates, *, runs, on_impl=None):
+        rounds.append(list(candidates))
+        ms = {c: 1.0 - 0.01 * c.row_sum_chains - 0.05 * c.reverse_kv for c in candidates}
+        best = min(ms, key=ms.get)
+        return search.TuneOutcome(point, base, best, ms[best], 1.5, [])
+
+    monkeypatch.setattr(search, "prune_space", lambda *a, **k: ([tile], {"candidates": 1}))
+    monkeypatch.setattr(search, "time_candidates", fake_time)
+    monkeypatch.setattr(occupancy, "current_device_spec", lambda: None)
+    measure._run_tuning(fake_h200, [4096], 128, "bfloat16", 16384, 2048, 1, 4, 5, False, refine)
+    assert rounds[0] == [tile]
+    if refine:
+        assert rounds[1] == [c for c in knob_neighbours(tile) if c != default]
+        expected = tile.replace(row_sum_chains=8, reverse_kv=True)  # block_n / 4 caps chains
+    else:
+        assert len(rounds) == 1
+        expected = tile
+    assert TuneCache().get(KEY) == expected
