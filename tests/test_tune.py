@@ -147,6 +147,12 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert dispatch.default_config(device, problem(4096)).row_sum_chains == 1
     fp16 = dispatch.default_config(device, problem(4096, torch.float16))
     assert fp16 == ladder.default_for("sm_90a", 128, dtype="float16") != ladder.k16
+    # An entry tuned on plain attention is not used for masked calls.
+    fake_h200.put(KEY, ladder.k06.replace(block_m=128))
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.default_config(device, causal) == chosen
+    assert dispatch.default_config(device, problem(4096)) == ladder.k06.replace(block_m=128)
 
 
 def inspected(registers: int, **changes) -> Inspection:

@@ -72,8 +72,11 @@ def reload_tune_cache() -> None:
 def default_config(device: torch.device, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses when the caller gives none."""
     dtype = str(problem.dtype).removeprefix("torch.")
-    tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q))
+    # A masked call runs the windowed kernel: an entry tuned on plain attention does not
+    # speak for it (their best knobs differ, docs/ladder.md).
+    windowed = tuple(problem.window) != UNBOUNDED
+    tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q,
+                                      causal=windowed))
     if tuned is not None:
         return tuned
-    windowed = tuple(problem.window) != UNBOUNDED
     return default_for(arch_of(device), problem.head_dim, windowed, dtype)
