@@ -187,9 +187,12 @@ def test_gqa_reads_kv_in_place():
     check_dense(q, k, v, window=(-1, 0), scale=0.2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
-def test_every_supported_head_dim(head_dim):
-    q, k, v = dense_inputs(2, 513, 700, 4, 2, head_dim, torch.bfloat16, seed=head_dim)
+def test_every_supported_head_dim(head_dim, dtype):
+    """Each head dim's default, plain and causal, in each dtype (the Hopper defaults differ
+    per head dim, mask and dtype: ladder.SM90_DEFAULT_KNOBS)."""
+    q, k, v = dense_inputs(2, 513, 700, 4, 2, head_dim, DTYPES[dtype], seed=head_dim)
     check_dense(q, k, v, window=(-1, -1))
     check_dense(q, k, v, window=(-1, 0))
 

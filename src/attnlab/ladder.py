@@ -127,6 +127,7 @@ def family(arch: str) -> str:
 
 #: Head dims where kernel 7's 32 rows per warp would spill (O alone is D fp32 registers per
 #: row pair): 16 rows per warp (block_m = 64) keeps them spill-free (tests/test_compile.py).
+#: On Hopper hd96 builds spill-free at 32 rows per warp and is faster so (SM90_DEFAULT_KNOBS).
 SIXTEEN_ROWS_PER_WARP = (96, 192, 256)
 
 
@@ -139,15 +140,24 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
 
 
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
-#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains" and "B_c = 128
-#: at hd64"): the row-sum chains; at hd64 B_c = 128 (S then fits beside the 64-column O);
-#: kernel 13's backward K/V walk where it measured faster. Other problems keep the plain
-#: default.
+#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
+#: at hd64" and "hd32 and hd96"): the row-sum chains; at hd32/hd64 B_c = 128 (S then fits
+#: beside the narrow O); at hd96 32 rows per warp; kernel 13's backward K/V walk where it
+#: measured faster. Other problems keep the plain default.
 SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
+    (32, False, "bfloat16"): {"block_n": 128},
+    (32, False, "float16"): {"block_n": 128},
+    (32, True, "bfloat16"): {"block_n": 128, "reverse_kv": True},
+    (32, True, "float16"): {"block_n": 128, "reverse_kv": True},
     (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8},
     (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4},
     (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True},
     (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True},
+    # 32 rows per warp: O is 96 registers, and ptxas 13.0 builds it spill-free.
+    (96, False, "bfloat16"): {"block_m": 128},
+    (96, False, "float16"): {"block_m": 128},
+    (96, True, "bfloat16"): {"block_m": 128},
+    (96, True, "float16"): {"block_m": 128},
     (128, False, "float16"): {"row_sum_chains": 8, "reverse_kv": True},
     (128, True, "bfloat16"): {"row_sum_chains": 4},
     (128, True, "float16"): {"row_sum_chains": 4},
