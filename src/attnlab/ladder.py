@@ -125,16 +125,18 @@ def family(arch: str) -> str:
     return "sm_90" if arch.startswith("sm_9") else "sm_80"
 
 
-#: Head dims where kernel 7's 32 rows per warp would spill (O alone is D fp32 registers per
-#: row pair): 16 rows per warp (block_m = 64) keeps them spill-free (tests/test_compile.py).
-#: On Hopper hd96 builds spill-free at 32 rows per warp and is faster so (SM90_DEFAULT_KNOBS).
-SIXTEEN_ROWS_PER_WARP = (96, 192, 256)
+#: Head dims, per architecture family, where kernel 7's 32 rows per warp would spill (O alone
+#: is D fp32 registers per row pair): 16 rows per warp (block_m = 64) keeps them spill-free
+#: (tests/test_compile.py). On Hopper hd96 builds spill-free at 32 rows per warp, and
+#: measured 1.09-1.10x against 0.90-0.92x at 16 (docs/ladder.md, "hd32 and hd96").
+SIXTEEN_ROWS_PER_WARP: dict[str, tuple[int, ...]] = {"sm_80": (96, 192, 256),
+                                                     "sm_90": (192, 256)}
 
 
 def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     """Kernel 7 for an architecture (and head dim): the tuned configuration of its family."""
     config = TUNED_K07[family(arch)]
-    if head_dim in SIXTEEN_ROWS_PER_WARP:
+    if head_dim in SIXTEEN_ROWS_PER_WARP[family(arch)]:
         config = config.replace(block_m=64)
     return config
 
@@ -142,8 +144,8 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
 #: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
 #: at hd64" and "hd32 and hd96"): the row-sum chains; at hd32/hd64 B_c = 128 (S then fits
-#: beside the narrow O); at hd96 32 rows per warp; kernel 13's backward K/V walk where it
-#: measured faster. Other problems keep the plain default.
+#: beside the narrow O); kernel 13's backward K/V walk where it measured faster. Other
+#: problems keep the plain default (for hd96: ``SIXTEEN_ROWS_PER_WARP``).
 SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
     (32, False, "bfloat16"): {"block_n": 128},
     (32, False, "float16"): {"block_n": 128},
@@ -153,11 +155,6 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
     (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4},
     (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True},
     (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True},
-    # 32 rows per warp: O is 96 registers, and ptxas 13.0 builds it spill-free.
-    (96, False, "bfloat16"): {"block_m": 128},
-    (96, False, "float16"): {"block_m": 128},
-    (96, True, "bfloat16"): {"block_m": 128},
-    (96, True, "float16"): {"block_m": 128},
     (128, False, "float16"): {"row_sum_chains": 8, "reverse_kv": True},
     (128, True, "bfloat16"): {"row_sum_chains": 4},
     (128, True, "float16"): {"row_sum_chains": 4},
