@@ -217,6 +217,8 @@ def tune(
     wide: bool = typer.Option(False, help="Also vary K/V sub-tiles apart and try pad8."),
     refine: bool = typer.Option(True, help="Then time the best tile with each row-sum chain "
                                 "count and K/V walk direction."),
+    mode: str = typer.Option("full", help="full, causal or both: the mask of the entries (a "
+                             "causal entry also serves sliding windows)."),
     show: bool = typer.Option(False, help="Print the cache and exit."),
     clear: bool = typer.Option(False, help="Empty the cache and exit."),
 ) -> None:
@@ -232,13 +234,14 @@ def tune(
         return
     lengths = parse_ints(seqlens, "--seqlens")
     (dtype_name,) = parse_dtypes(dtype)
+    masks = parse_mode(mode)
     require_gpu()
     _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden,
-                workers or os.cpu_count() or 1, max_timed, runs, wide, refine)
+                workers or os.cpu_count() or 1, max_timed, runs, wide, refine, masks)
 
 
 def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, max_timed,
-                runs, wide, refine) -> None:
+                runs, wide, refine, masks=(False,)) -> None:
     import tempfile
 
     import torch
@@ -253,29 +256,38 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
 
     device = torch.device("cuda")
     arch = dispatch.arch_of(device)
-    default = default_for(arch, head_dim, dtype=dtype_name)
     space = search_space(wide)
+    outcomes = []
     with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
-        task = progress.add_task(f"compile + prune ({workers} workers)", total=len(space))
-        chosen, summary = prune_space(space, current_device_spec(), arch, dtype_name, head_dim,
-                                      Path(artifacts), workers, max_timed,
-                                      on_done=lambda: progress.advance(task))
-        outcomes = []
-        for point in tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name]):
-            timing = progress.add_task(f"time seq {point.seqlen_q}", total=len(chosen) + 1)
-            outcome = time_candidates(point, default, chosen, runs=runs,
-                                      on_impl=lambda name, t=timing: progress.advance(t))
-            if refine:
-                # A second timing round of the best tile's knobs, against the default again.
-                around = [c for c in knob_neighbours(outcome.best) if c != default]
-                timing = progress.add_task(f"refine seq {point.seqlen_q}", total=len(around) + 1)
-                outcome = time_candidates(point, default, around, runs=runs,
+        for causal in masks:
+            # A masked problem runs a kernel of its own (registers, spills): prune and time it
+            # against its own default.
+            label = "causal" if causal else "full"
+            default = default_for(arch, head_dim, windowed=causal, dtype=dtype_name)
+            task = progress.add_task(f"{label}: compile + prune ({workers} workers)",
+                                     total=len(space))
+            chosen, summary = prune_space(space, current_device_spec(), arch, dtype_name,
+                                          head_dim, Path(artifacts), workers, max_timed,
+                                          on_done=lambda t=task: progress.advance(t),
+                                          windowed=causal)
+            console.print(_summary_table(summary, label))
+            for point in tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name],
+                                     causal=(causal,)):
+                timing = progress.add_task(f"{label}: time seq {point.seqlen_q}",
+                                           total=len(chosen) + 1)
+                outcome = time_candidates(point, default, chosen, runs=runs,
                                           on_impl=lambda name, t=timing: progress.advance(t))
-            outcomes.append(outcome)
-    console.print(_summary_table(summary))
+                if refine:
+                    # A second timing round of the best tile's knobs, against the default.
+                    around = [c for c in knob_neighbours(outcome.best) if c != default]
+                    timing = progress.add_task(f"{label}: refine seq {point.seqlen_q}",
+                                               total=len(around) + 1)
+                    outcome = time_candidates(point, default, around, runs=runs,
+                                              on_impl=lambda name, t=timing: progress.advance(t))
+                outcomes.append(outcome)
     for outcome in outcomes:
         point = outcome.point
-        cache.put(dispatch.tune_key(device, dtype_name, head_dim, point.seqlen_q),
+        cache.put(dispatch.tune_key(device, dtype_name, head_dim, point.seqlen_q, point.causal),
                   outcome.best, best_ms=outcome.best_ms, default_ms=outcome.default_ms,
                   shape=point.label(), dsl_version=dsl_version())
     path = cache.save()
@@ -284,8 +296,8 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
     console.print(f"cache: {path}")
 
 
-def _summary_table(summary: dict[str, int]) -> Table:
-    table = Table(title="pruning (static, from cross-compiled cubins)")
+def _summary_table(summary: dict[str, int], label: str) -> Table:
+    table = Table(title=f"pruning, {label} kernel (static, from cross-compiled cubins)")
     table.add_column("")
     table.add_column("configs", justify="right")
     for reason, count in summary.items():

@@ -1,7 +1,8 @@
 """Static pruning: drop the configs that cannot win before spending GPU time on them.
 
-The seeds' rules (kernel 7): a config that fails to compile, spills registers, needs more
-shared memory than the GPU offers per block, or keeps fewer warps per SM than a floor.
+The seeds' rules (kernel 7): a config that fails to compile, spills registers (more than a
+few values, see ``SPILL_TOLERANCE_BYTES``), needs more shared memory than the GPU offers per
+block, or keeps fewer warps per SM than a floor.
 Everything here reads cross-compiled artifacts, so it runs in worker processes, GPU or not.
 """
 
@@ -16,6 +17,11 @@ from attnlab.config import FlashConfig
 
 #: Fewer resident warps than this per SM leaves too little to hide latency.
 MIN_WARPS_PER_SM = 4
+#: Spill stack a candidate may keep. At -O3 ptxas spills a few values per K/V block from the
+#: 32-rows-per-warp tiles (the Hopper defaults: 8-88 B), and every spill-free build of those
+#: tiles measured slower (docs/ladder.md, "Zero spills"); tiles that spill hundreds of bytes
+#: lost everywhere they were timed.
+SPILL_TOLERANCE_BYTES = 96
 
 
 @dataclass(frozen=True)
@@ -31,13 +37,17 @@ class Inspection:
 
 
 def inspect_config(config: FlashConfig, arch: str, dtype: str, head_dim: int,
-                   out_dir: str) -> Inspection:
-    """Cross-compile and read resources (a top-level function, so worker processes can run it)."""
+                   out_dir: str, windowed: bool = False) -> Inspection:
+    """Cross-compile and read resources (a top-level function, so worker processes can run it).
+
+    ``windowed``: inspect the causal / sliding-window kernel, whose registers differ.
+    """
     from attnlab.analysis.resources import read_resources
     from attnlab.compile import compile_config
 
     try:
-        art = compile_config(config, arch, dtype=dtype, head_dim=head_dim, out_dir=Path(out_dir))
+        art = compile_config(config, arch, dtype=dtype, head_dim=head_dim, windowed=windowed,
+                             out_dir=Path(out_dir))
         res = read_resources(art.cubin)
     except Exception as exc:  # any failure to build is a prune reason, reported by name
         return Inspection(config, error=f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -50,7 +60,7 @@ def prune_reason(item: Inspection, spec: GpuSpec, min_warps_per_sm: int = MIN_WA
     """Why a candidate is dropped (``None``: keep it)."""
     if item.error is not None:
         return "compile error"
-    if item.spills:
+    if item.spills and item.stack_bytes > SPILL_TOLERANCE_BYTES:
         return "register spills"
     if item.smem_bytes > spec.smem_per_cta_optin:
         return "shared memory"

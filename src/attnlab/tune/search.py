@@ -34,14 +34,15 @@ class TuneOutcome:
 
 def inspect_all(space: Sequence[FlashConfig], arch: str, dtype: str, head_dim: int,
                 artifact_dir: Path, workers: int,
-                on_done: Callable[[], None] | None = None) -> list[Inspection]:
+                on_done: Callable[[], None] | None = None,
+                windowed: bool = False) -> list[Inspection]:
     """Cross-compile every candidate in worker processes (compilation is CPU-bound)."""
     # spawn: the parent may hold a CUDA context and DSL state that must not be forked.
     context = multiprocessing.get_context("spawn")
     results = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(inspect_config, cfg, arch, dtype, head_dim, str(artifact_dir))
-                   for cfg in space]
+        futures = [pool.submit(inspect_config, cfg, arch, dtype, head_dim, str(artifact_dir),
+                               windowed) for cfg in space]
         for future in as_completed(futures):
             results.append(future.result())
             if on_done is not None:
@@ -93,10 +94,12 @@ def summarize_pruning(total: int, reasons: Counter[str], left_out: int) -> dict[
 
 def prune_space(space: Sequence[FlashConfig], spec, arch: str, dtype: str, head_dim: int,
                 artifact_dir: Path, workers: int, max_timed: int,
-                on_done: Callable[[], None] | None = None
+                on_done: Callable[[], None] | None = None, windowed: bool = False
                 ) -> tuple[list[FlashConfig], dict[str, int]]:
-    """Inspect, prune and select: the configs worth timing and the pruning summary."""
-    inspections = inspect_all(space, arch, dtype, head_dim, artifact_dir, workers, on_done)
+    """Inspect, prune and select: the configs worth timing and the pruning summary
+    (``windowed``: of the causal / sliding-window kernel)."""
+    inspections = inspect_all(space, arch, dtype, head_dim, artifact_dir, workers, on_done,
+                              windowed)
     survivors, reasons = prune(inspections, spec)
     chosen, left_out = select_for_timing(survivors, max_timed)
     return chosen, summarize_pruning(len(space), reasons, left_out)
