@@ -50,14 +50,17 @@ def test_knob_neighbours_cover_chains_and_walks_of_one_tile(head_dim, windowed, 
                                                                       row_sum_chains=1))) == 8
 
 
-def test_select_for_timing_prefers_big_tiles_then_fewer_registers():
+def test_select_for_timing_takes_every_shape_once_then_big_tiles_and_fewer_registers():
     small = Inspection(FlashConfig(block_m=64, block_n=64), registers=128)
     big_hungry = Inspection(FlashConfig(block_m=128, block_n=64), registers=250)
     big_lean = Inspection(FlashConfig(block_m=128, block_n=64, q_frags_per_load=2),
                           registers=200)
     chosen, left_out = select_for_timing([small, big_hungry, big_lean], max_timed=2)
-    assert chosen == [big_lean.config, big_hungry.config]
+    assert chosen == [big_lean.config, small.config]
     assert left_out == 1
+    chosen, left_out = select_for_timing([small, big_hungry, big_lean], max_timed=3)
+    assert chosen == [big_lean.config, small.config, big_hungry.config]
+    assert left_out == 0
 
 
 def test_pruning_summary_adds_up():

@@ -53,11 +53,24 @@ def inspect_all(space: Sequence[FlashConfig], arch: str, dtype: str, head_dim: i
 
 def select_for_timing(survivors: list[Inspection], max_timed: int
                       ) -> tuple[list[FlashConfig], int]:
-    """At most ``max_timed`` survivors, bigger tiles first (more work per loaded byte), then
-    fewer registers; also returns how many were left out."""
+    """At most ``max_timed`` survivors; also returns how many were left out.
+
+    Every tile shape (block_m, block_n, warps) is timed once before any is timed twice: the
+    refinement round only varies the winner's knobs, so a shape left out here is never timed.
+    Within a round, bigger tiles first (more work per loaded byte), then fewer registers.
+    """
     ranked = sorted(survivors, key=lambda item: (-item.config.block_m * item.config.block_n,
                                                  item.registers))
-    return [item.config for item in ranked[:max_timed]], max(0, len(ranked) - max_timed)
+    seen: Counter[tuple[int, int, int]] = Counter()
+    rounds = []
+    for item in ranked:
+        shape = (item.config.block_m, item.config.block_n, item.config.num_warps)
+        rounds.append(seen[shape])
+        seen[shape] += 1
+    # A stable sort: each round keeps the order above.
+    order = sorted(range(len(ranked)), key=rounds.__getitem__)
+    chosen = [ranked[i].config for i in order[:max_timed]]
+    return chosen, max(0, len(ranked) - max_timed)
 
 
 def time_candidates(point: Point, default: FlashConfig, candidates: Sequence[FlashConfig], *,
