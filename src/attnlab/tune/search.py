@@ -62,14 +62,14 @@ def select_for_timing(survivors: list[Inspection], max_timed: int
     ranked = sorted(survivors, key=lambda item: (-item.config.block_m * item.config.block_n,
                                                  item.registers))
     seen: Counter[tuple[int, int, int]] = Counter()
-    rounds = []
-    for item in ranked:
+
+    def timing_round(item: Inspection) -> int:
         shape = (item.config.block_m, item.config.block_n, item.config.num_warps)
-        rounds.append(seen[shape])
         seen[shape] += 1
-    # A stable sort: each round keeps the order above.
-    order = sorted(range(len(ranked)), key=rounds.__getitem__)
-    chosen = [ranked[i].config for i in order[:max_timed]]
+        return seen[shape]
+
+    # sorted() computes the keys in list order, and is stable: each round keeps that order.
+    chosen = [item.config for item in sorted(ranked, key=timing_round)[:max_timed]]
     return chosen, max(0, len(ranked) - max_timed)
 
 
