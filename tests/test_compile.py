@@ -9,7 +9,7 @@ from attnlab import ladder
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
-from attnlab.config import FlashConfig
+from attnlab.config import ConfigError, FlashConfig
 
 ARCHS = ("sm_80", "sm_90a")
 #: Configs that spill at hd128 today (docs/ladder.md); any change here must be deliberate.
@@ -133,6 +133,33 @@ def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artif
     sass_text = disassemble(art.cubin)
     assert histogram(parse(sass_text))["HMMA"] == expected_hmma(cfg, head_dim)
     assert not read_resources(art.cubin, sass_text).spills
+
+
+@pytest.mark.parametrize(("head_dim", "windowed", "dtype"), sorted(
+    key for key, knobs in ladder.SM90_DEFAULT_KNOBS.items() if knobs.get("tma_kv_loads")))
+def test_tma_ring_defaults_load_kv_with_no_copy_instruction(head_dim, windowed, dtype,
+                                                            artifact_dir):
+    """The defaults with the TMA ring: K and V arrive by UTMALDG, so the only cp.async left is
+    Q's (16 bytes per copy, a predicated and an unpredicated path); the MMAs are unchanged.
+    Below hd128 they need no spill at -O3 (their cp.async builds spilled 8-88 B)."""
+    cfg = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    art = compile_config(cfg, "sm_90a", dtype=dtype, head_dim=head_dim, windowed=windowed,
+                         out_dir=artifact_dir)
+    sass_text = disassemble(art.cubin)
+    ops = histogram(parse(sass_text))
+    q_copies = cfg.block_m * head_dim * 2 // 16 // cfg.num_threads
+    assert ops["UTMALDG"] > 0
+    assert ops["LDGSTS"] == 2 * q_copies
+    assert ops["HMMA"] == expected_hmma(cfg, head_dim, windowed)
+    assert read_resources(art.cubin, sass_text).spills == (head_dim == 128)
+
+
+def test_tma_kv_loads_are_refused_where_they_cannot_run(artifact_dir):
+    cfg = ladder.k16.replace(tma_kv_loads=True)
+    with pytest.raises(ConfigError, match="TMA unit of sm_90"):
+        compile_config(cfg, "sm_80", head_dim=128, out_dir=artifact_dir)
+    with pytest.raises(ConfigError, match="packed .varlen. sequences"):
+        compile_config(cfg, "sm_90a", head_dim=128, varlen=True, out_dir=artifact_dir)
 
 
 @pytest.mark.parametrize("windowed,varlen", [(True, False), (False, True)])

@@ -53,6 +53,9 @@ PLAIN = dict(
         ({"row_sum_chains": 8, "block_n": 16}, r"from 1 to block_n / 4 = 4 .*got 8"),
         ({"row_sum_chains": 2.0}, "row_sum_chains must be an int"),
         ({"row_sum_chains": True}, "row_sum_chains must be an int"),
+        ({"tma_kv_loads": True, "eager_kv_loads": False}, "tma_kv_loads needs eager_kv_loads"),
+        ({"tma_kv_loads": True, "swizzle": "pad8"}, "tma_kv_loads needs .* the xor swizzle"),
+        ({"tma_kv_loads": True, "persistent": True}, "does not combine with persistent"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",
@@ -204,3 +207,12 @@ def test_frags_that_divide_head_dim_pass() -> None:
 def test_check_problem_rejects_unknown_arch() -> None:
     with pytest.raises(ConfigError, match=r"unknown arch 'sm_75'"):
         FlashConfig().check_problem(64, "sm_75")
+
+
+def test_tma_kv_loads_needs_sm90() -> None:
+    config = FlashConfig(tma_kv_loads=True)
+    config.check_problem(128, "sm_90a")
+    config.check_problem(128, None)  # the kernel object's target-free check
+    with pytest.raises(ConfigError, match="tma_kv_loads needs the TMA unit of sm_90"):
+        config.check_problem(128, "sm_80")
+    assert config.short_name().endswith("+tma_kv")

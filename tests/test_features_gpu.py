@@ -396,10 +396,27 @@ def test_d_head_tile(head_dim, tile, window):
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
 def test_row_sum_chains(chains, window):
     """Row sums added in several chains: dense (tails in both sequences) and packed."""
-    config = ladder.default_for("sm_90a", 128).replace(row_sum_chains=chains)
     q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=chains)
+    for varlen in (False, True):
+        config = ladder.default_for("sm_90a", 128, varlen=varlen).replace(row_sum_chains=chains)
+        if varlen:
+            check_varlen(window, torch.float16, config)
+        else:
+            check_dense(q, k, v, window=window, config=config)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("knobs", [{}, {"kv_stages": 2}, {"reverse_kv": True}],
+                         ids=["eager", "ring", "reverse"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_tma_kv_loads(head_dim, knobs, window):
+    """K/V through the TMA unit: tails in both sequences (zero-filled by TMA), GQA, each mask,
+    each K/V schedule, and a head dim of each swizzle width (96: 64-byte rows)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    config = ladder.default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
     check_dense(q, k, v, window=window, config=config)
-    check_varlen(window, torch.float16, config)
 
 
 def test_static_strides_compile_per_stride_set():

@@ -22,8 +22,10 @@ from attnlab.validation import Problem
 def test_search_space_is_valid_unique_and_holds_the_default():
     space = search_space()
     assert len(space) == len(set(space)) > 20
-    # Tuning can always fall back to what it started from.
-    assert ladder.default_for("sm_90a") in space
+    # Tuning can always fall back to what it started from: the default's tile is in the
+    # space, and its knobs (chains, the TMA ring) are the refinement's.
+    assert ladder.default_for("sm_90a").replace(
+        row_sum_chains=1, tma_kv_loads=False, kv_stages=1) in space
     assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
     wide = search_space(wide=True)
     assert set(space) < set(wide)
@@ -33,21 +35,28 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 
 @pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),
                                                       (64, True, "float16")])
-def test_knob_neighbours_cover_chains_and_walks_of_one_tile(head_dim, windowed, dtype):
+def test_knob_neighbours_cover_chains_walks_and_loads_of_one_tile(head_dim, windowed, dtype):
     """The refinement keeps the tile and varies only the row-sum chains (up to a full tree of
-    block_n / 4) and the K/V walk; every neighbour has a name of its own (the timing key)."""
+    block_n / 4), the K/V walk and, on sm_90, cp.async against the TMA ring; every neighbour
+    has a name of its own (the timing key)."""
     best = ladder.default_for("sm_90a", head_dim, windowed, dtype)
-    around = knob_neighbours(best)
+    around = knob_neighbours(best, "sm_90a", head_dim)
     assert best in around
     chains = [c for c in ROW_SUM_CHAINS if c <= best.block_n // 4]
-    assert len(around) == len(set(around)) == 2 * len(chains)
+    loads = {(False, 1), (True, 2)}
+    assert len(around) == len(set(around)) == 2 * len(chains) * len(loads)
     assert len({c.short_name() for c in around}) == len(around)
-    assert {(c.row_sum_chains, c.reverse_kv) for c in around} == {
-        (n, r) for n in chains for r in (False, True)}
-    assert all(dataclasses.replace(c, row_sum_chains=1, reverse_kv=False)
-               == dataclasses.replace(best, row_sum_chains=1, reverse_kv=False) for c in around)
+    assert {(c.row_sum_chains, c.reverse_kv, c.tma_kv_loads, c.kv_stages) for c in around} == {
+        (n, r, *load) for n in chains for r in (False, True) for load in loads}
+    plain = {"row_sum_chains": 1, "reverse_kv": False, "tma_kv_loads": False, "kv_stages": 1}
+    assert all(dataclasses.replace(c, **plain) == dataclasses.replace(best, **plain)
+               for c in around)
     assert max(c.row_sum_chains for c in knob_neighbours(best.replace(block_n=32,
                                                                       row_sum_chains=1))) == 8
+    # Ampere has no TMA; a ring that does not fit is left out.
+    assert not any(c.tma_kv_loads for c in knob_neighbours(best, "sm_80", head_dim))
+    big = FlashConfig(block_m=128, block_n=128, num_warps=8)
+    assert not any(c.kv_stages == 2 for c in knob_neighbours(big, "sm_90a", 256))
 
 
 def test_select_for_timing_takes_every_shape_once_then_big_tiles_and_fewer_registers():
@@ -138,6 +147,22 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
             == ladder.default_for("sm_90a", dtype="float16"))  # the key has the dtype
 
 
+def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
+    """Packed sequences cannot take TMA tiles: the varlen default drops the TMA ring, and an
+    entry tuned with it gives way to that default."""
+    device = torch.device("cuda", 0)
+    packed = dataclasses.replace(problem(4096), varlen=True)
+    plain = ladder.default_for("sm_90a", 128)
+    assert plain.tma_kv_loads
+    assert dispatch.default_config(device, packed) == plain.replace(tma_kv_loads=False,
+                                                                    kv_stages=1)
+    fake_h200.put(KEY, plain.replace(row_sum_chains=16))
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.default_config(device, problem(4096)) == plain.replace(row_sum_chains=16)
+    assert not dispatch.default_config(device, packed).tma_kv_loads
+
+
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
     """Causal and windowed calls compile the windowed kernel, whose default has its own
     knobs (ladder.SM90_DEFAULT_KNOBS), as does each dtype."""
@@ -147,7 +172,9 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert chosen == ladder.default_for("sm_90a", 128, windowed=True)
     knobs = ladder.SM90_DEFAULT_KNOBS[(128, True, "bfloat16")]
     assert chosen.row_sum_chains == knobs["row_sum_chains"] > 1
-    assert dispatch.default_config(device, problem(4096)).row_sum_chains == 1
+    # The plain default loads K/V through the TMA ring, the causal one with cp.async.
+    assert dispatch.default_config(device, problem(4096)).tma_kv_loads
+    assert not chosen.tma_kv_loads
     fp16 = dispatch.default_config(device, problem(4096, torch.float16))
     assert fp16 == ladder.default_for("sm_90a", 128, dtype="float16") != ladder.k16
     # An entry tuned on plain attention is not used for masked calls.
@@ -206,7 +233,8 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
 
     def fake_time(point, base, candidates, *, runs, on_impl=None):
         rounds.append(list(candidates))
-        ms = {c: 1.0 - 0.01 * c.row_sum_chains - 0.05 * c.reverse_kv for c in candidates}
+        ms = {c: 1.0 - 0.01 * c.row_sum_chains - 0.05 * c.reverse_kv - 0.001 * c.tma_kv_loads
+              for c in candidates}
         best = min(ms, key=ms.get)
         return search.TuneOutcome(point, base, best, ms[best], 1.5, [])
 
@@ -216,7 +244,7 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
     measure._run_tuning(fake_h200, [4096], 128, "bfloat16", 16384, 2048, 1, 4, 5, False, refine)
     assert rounds[0] == [tile]
     if refine:
-        assert rounds[1] == [c for c in knob_neighbours(tile) if c != default]
+        assert rounds[1] == [c for c in knob_neighbours(tile, "sm_90a", 128) if c != default]
         expected = tile.replace(row_sum_chains=8, reverse_kv=True)  # block_n / 4 caps chains
     else:
         assert len(rounds) == 1

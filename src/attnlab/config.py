@@ -95,6 +95,15 @@ class FlashConfig:
         persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the driver's
             occupancy calculator) and let each loop over output tiles (the GA104 lab's
             persistent grid), instead of one CTA per tile.
+        tma_kv_loads: load each K and V tile with one TMA bulk-tensor copy
+            (``cp.async.bulk.tensor``, sm_90+) issued by one thread and completed on an
+            mbarrier, instead of 16-byte ``cp.async`` copies by every thread. The copy's
+            addresses are then the descriptor and the block's coordinates, the same for the
+            whole CTA: no per-thread copy address competes with the accumulators for
+            registers (the values the 32-rows-per-warp tile spilled at -O3), and the
+            threads issue no copy instructions. Rows past the end of K/V are zero-filled by
+            the TMA unit. Not for packed (varlen) sequences, whose tiles would run into the
+            next sequence.
     """
 
     block_m: int = 64
@@ -118,6 +127,7 @@ class FlashConfig:
     ptxas_opt_level: int = 3
     persistent: bool = False
     row_sum_chains: int = 1
+    tma_kv_loads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -181,6 +191,16 @@ class FlashConfig:
             raise ConfigError(
                 f"row_sum_chains must be an int from 1 to block_n / 4 = {per_row} (a thread's "
                 f"elements of one row), got {self.row_sum_chains!r}"
+            )
+        if self.tma_kv_loads and not (self.eager_kv_loads and self.swizzle == "xor"):
+            raise ConfigError(
+                "tma_kv_loads needs eager_kv_loads (a TMA copy is asynchronous) and the xor "
+                "swizzle (the TMA unit writes the swizzled tile itself)"
+            )
+        if self.tma_kv_loads and self.persistent:
+            raise ConfigError(
+                "tma_kv_loads does not combine with persistent: its mbarrier phases count the "
+                "K/V blocks of one output tile"
             )
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -249,11 +269,15 @@ class FlashConfig:
             flags.append("persistent")
         if self.row_sum_chains > 1:
             flags.append(f"row_sum_chains_{self.row_sum_chains}")
+        if self.tma_kv_loads:
+            flags.append("tma_kv")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------
-    def check_problem(self, head_dim: int, arch: str = "sm_80") -> None:
-        """Reject a config that cannot serve ``head_dim`` on ``arch`` (raises ConfigError)."""
+    def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:
+        """Reject a config that cannot serve ``head_dim`` on ``arch`` (raises ConfigError);
+        ``arch=None`` checks only what does not depend on the target (the kernel object,
+        built before a target is chosen)."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ConfigError(
                 f"head_dim={head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS}"
@@ -268,6 +292,10 @@ class FlashConfig:
             raise ConfigError(
                 f"d_head_tile={self.d_head_tile} must divide head_dim={head_dim}"
             )
+        if arch is None:
+            return
+        if self.tma_kv_loads and not arch.startswith("sm_9"):
+            raise ConfigError(f"tma_kv_loads needs the TMA unit of sm_90 or newer, not {arch}")
         capacity = SMEM_CAPACITY.get(arch)
         if capacity is None:
             raise ConfigError(f"unknown arch {arch!r}; known: {sorted(SMEM_CAPACITY)}")

@@ -77,6 +77,8 @@ def default_config(device: torch.device, problem: Problem) -> FlashConfig:
     windowed = tuple(problem.window) != UNBOUNDED
     tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q,
                                       causal=windowed))
-    if tuned is not None:
+    # Packed sequences cannot take TMA tiles (FlashConfig.tma_kv_loads): an entry tuned with
+    # them gives way to the varlen default.
+    if tuned is not None and not (problem.varlen and tuned.tma_kv_loads):
         return tuned
-    return default_for(arch_of(device), problem.head_dim, windowed, dtype)
+    return default_for(arch_of(device), problem.head_dim, windowed, dtype, problem.varlen)

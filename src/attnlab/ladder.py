@@ -141,37 +141,51 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     return config
 
 
+#: K and V through the TMA unit into a two-stage ring (``tma_kv_loads``, ``kv_stages``):
+#: one barrier per block and no copy instructions in the math warps (docs/ladder.md,
+#: "Seventh session"). Packed (varlen) calls cannot take TMA tiles and drop these knobs.
+TMA_RING: dict[str, object] = {"tma_kv_loads": True, "kv_stages": 2}
+
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
 #: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
-#: at hd64" and "hd32 and hd96"): the row-sum chains; at hd32/hd64 B_c = 128 (S then fits
-#: beside the narrow O); kernel 13's backward K/V walk where it measured faster. Other
-#: problems keep the plain default (for hd96: ``SIXTEEN_ROWS_PER_WARP``).
+#: at hd64", "hd32 and hd96" and "TMA K/V loads"): the TMA ring where it measured faster;
+#: the row-sum chains; at hd32/hd64 B_c = 128 (S then fits beside the narrow O); kernel 13's
+#: backward K/V walk where it measured faster. Other problems keep the plain default (for
+#: hd96: ``SIXTEEN_ROWS_PER_WARP``).
 SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
-    (32, False, "bfloat16"): {"block_n": 128},
-    (32, False, "float16"): {"block_n": 128},
-    (32, True, "bfloat16"): {"block_n": 128, "reverse_kv": True},
-    (32, True, "float16"): {"block_n": 128, "reverse_kv": True},
-    (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8},
-    (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4},
-    (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True},
-    (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True},
-    (128, False, "float16"): {"row_sum_chains": 8, "reverse_kv": True},
+    (32, False, "bfloat16"): {"block_n": 128, **TMA_RING},
+    (32, False, "float16"): {"block_n": 128, **TMA_RING},
+    (32, True, "bfloat16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
+    (32, True, "float16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
+    (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8, **TMA_RING},
+    (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4, **TMA_RING},
+    (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True,
+                             **TMA_RING},
+    (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True,
+                            **TMA_RING},
+    (96, True, "bfloat16"): TMA_RING,
+    (96, True, "float16"): TMA_RING,
+    (128, False, "bfloat16"): {"row_sum_chains": 4, **TMA_RING},
+    (128, False, "float16"): TMA_RING,
     (128, True, "bfloat16"): {"row_sum_chains": 4},
     (128, True, "float16"): {"row_sum_chains": 4},
 }
 
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
-                dtype: str = "bfloat16") -> FlashConfig:
+                dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
     """What ``attention()`` runs without a tuned entry: kernel 7 plus the steps since that
     measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles, kernel 16's
     compiled-in strides (one compile per head count / layout) and, on Hopper, the knobs
     measured best for the problem (``SM90_DEFAULT_KNOBS``; ``windowed``: causal or
     sliding-window attention, a kernel of its own; ``dtype``: ``"bfloat16"`` or
-    ``"float16"``)."""
+    ``"float16"``; ``varlen``: packed sequences, which load K/V with ``cp.async``)."""
     config = k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
     if family(arch) == "sm_90":
-        config = config.replace(**SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {}))
+        knobs = SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {})
+        if varlen:
+            knobs = {name: value for name, value in knobs.items() if name not in TMA_RING}
+        config = config.replace(**knobs)
     return config
 
 

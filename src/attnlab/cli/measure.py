@@ -279,7 +279,8 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
                                           on_impl=lambda name, t=timing: progress.advance(t))
                 if refine:
                     # A second timing round of the best tile's knobs, against the default.
-                    around = [c for c in knob_neighbours(outcome.best) if c != default]
+                    around = [c for c in knob_neighbours(outcome.best, arch, head_dim)
+                              if c != default]
                     timing = progress.add_task(f"{label}: refine seq {point.seqlen_q}",
                                                total=len(around) + 1)
                     outcome = time_candidates(point, default, around, runs=runs,

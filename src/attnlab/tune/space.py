@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from attnlab.config import ConfigError, FlashConfig
+from attnlab.ladder import TMA_RING, family
 
 
 def search_space(wide: bool = False) -> list[FlashConfig]:
@@ -36,13 +37,28 @@ def search_space(wide: bool = False) -> list[FlashConfig]:
 ROW_SUM_CHAINS = (1, 2, 4, 8, 16)
 
 
-def knob_neighbours(config: FlashConfig) -> list[FlashConfig]:
-    """``config`` with each row-sum chain count and each K/V walk direction (kernel 13).
+def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
+                    head_dim: int | None = None) -> list[FlashConfig]:
+    """``config`` with each row-sum chain count, each K/V walk direction (kernel 13) and, on
+    sm_90, each way of loading K/V: ``cp.async`` eagerly, or the TMA ring (``TMA_RING``)
+    where its second stage fits in shared memory at ``head_dim``.
 
-    These knobs change no tile, no shared memory and no occupancy, only how ptxas schedules
-    and allocates the loop, and their best value moved with the head dim, dtype and mask on
-    an H200 (docs/ladder.md): they are timed around the best tile, not pruned statically.
+    These knobs change no tile and no occupancy (the ring's second stage aside), only how
+    ptxas schedules and allocates the loop, and their best value moved with the head dim,
+    dtype and mask on an H200 (docs/ladder.md): they are timed around the best tile, not
+    pruned statically.
     """
+    loads = [{"tma_kv_loads": False, "kv_stages": 1}]
+    if family(arch) == "sm_90":
+        loads.append(TMA_RING)
     chains = [c for c in ROW_SUM_CHAINS if c <= config.block_n // 4]
-    return [config.replace(row_sum_chains=c, reverse_kv=r)
-            for c, r in itertools.product(chains, (False, True))]
+    around = []
+    for load, c, r in itertools.product(loads, chains, (False, True)):
+        try:
+            candidate = config.replace(row_sum_chains=c, reverse_kv=r, **load)
+            if head_dim is not None:
+                candidate.check_problem(head_dim, arch)
+        except ConfigError:
+            continue  # e.g. the ring's second stage does not fit
+        around.append(candidate)
+    return around

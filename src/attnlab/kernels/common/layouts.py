@@ -22,13 +22,18 @@ def atom_cols(head_dim: int) -> int:
     return 64 if head_dim % 64 == 0 else 32
 
 
+def _xor_bits(head_dim: int) -> int:
+    """log2 of the 16-byte chunks per swizzle-atom row: 8 chunks (64 columns) or 4 (32)."""
+    return 3 if atom_cols(head_dim) == 64 else 2
+
+
 def smem_tile_layout(swizzle: str, rows: int, head_dim: int, stages: int = 1):
     """Layout of ``stages`` tiles of ``rows x head_dim`` 16-bit elements in shared memory,
     as ``(rows, head_dim, stages)``."""
     if swizzle == "xor":
         cols = atom_cols(head_dim)
         atom = cute.make_composed_layout(
-            cute.make_swizzle(3 if cols == 64 else 2, 3, 3),
+            cute.make_swizzle(_xor_bits(head_dim), 3, 3),
             0,
             cute.make_layout((8, cols), stride=(cols, 1)),
         )
@@ -36,6 +41,17 @@ def smem_tile_layout(swizzle: str, rows: int, head_dim: int, stages: int = 1):
     row_elems = head_dim + (8 if swizzle == "pad8" else 0)
     return cute.make_layout((rows, head_dim, stages),
                             stride=(row_elems, 1, rows * row_elems))
+
+
+def tma_swizzle(head_dim: int):
+    """The ``xor`` layout's swizzle on byte addresses, the form the TMA unit (``SWIZZLE_128B``
+    or ``_64B``) and a swizzled shared-memory pointer take.
+
+    ``smem_tile_layout`` swizzles element offsets: chunk bits 3.. of the offset XOR row bits
+    6... For 2-byte elements the same bits of the byte address sit one higher, so
+    ``Swizzle<b, 3, 3>`` on elements is ``Swizzle<b, 4, 3>`` on bytes: one physical layout.
+    """
+    return cute.make_swizzle(_xor_bits(head_dim), 4, 3)
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:

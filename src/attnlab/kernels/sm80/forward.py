@@ -16,6 +16,9 @@ Every knob of the seeds' kernels 1-7 is a compile-time branch of this one kernel
   MMAs in each GEMM (``_gemm``); ``d_head_tile`` (kernel 15) also splits each V sub-tile of
   O += P V into column chunks of the head dim.
 * ``fused_softmax``: see ``kernels/common/softmax.py``.
+* ``tma_kv_loads`` (sm_90): each K/V tile is one TMA bulk-tensor copy issued by warp 0 and
+  counted on an mbarrier of its stage, instead of a cp.async per thread and 16 bytes; the
+  block barrier stays (it frees a stage for the next copy).
 
 Tail tiles need no divisibility: Q rows past Sq and K/V rows past Sk are zero-filled in shared
 memory (never read from global memory), key columns past Sk are masked to -inf in the last
@@ -36,18 +39,21 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from attnlab.config import FRAG_COLS, MMA_K, FlashConfig
+from attnlab.config import FRAG_COLS, MMA_K, ConfigError, FlashConfig
 from attnlab.kernels.common.layouts import (
     acc_as_operand_a,
     acc_mn_view,
     atom_cols,
     smem_tile_layout,
+    tma_swizzle,
 )
 from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
 
 #: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
 COPY_BITS = 128
+#: Indices of the K and V tiles in the kernel's K/V load plumbing.
+K, V = 0, 1
 
 
 class FlashForwardSm80:
@@ -61,7 +67,11 @@ class FlashForwardSm80:
     def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
                  windowed: bool = False, varlen: bool = False,
                  static_strides: tuple | None = None):
-        config.check_problem(head_dim)
+        config.check_problem(head_dim, arch=None)
+        if config.tma_kv_loads and varlen:
+            raise ConfigError(
+                "tma_kv_loads does not serve packed (varlen) sequences: a tile past the end of "
+                "one sequence would read the next instead of zeros; use cp.async loads")
         if config.static_strides != (static_strides is not None):
             raise ValueError("static_strides are given exactly when config.static_strides")
         self.cfg = config
@@ -132,11 +142,8 @@ class FlashForwardSm80:
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
         sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim, cfg.kv_stages)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+        SharedStorage = self._shared_storage(sQ_layout, sKV_layout)
+        kv_tma = self._make_tma_loads(mK, mV, sKV_layout) if cfg.tma_kv_loads else None
 
         if cutlass.const_expr(cfg.async_copy):
             load_op = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
@@ -169,7 +176,49 @@ class FlashForwardSm80:
         self.kernel(
             mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window[0], window[1], softmax_scale, sQ_layout,
             sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage, num_m_blocks, num_seqs,
+            kv_tma,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
+
+    def _shared_storage(self, sQ_layout, sKV_layout):
+        """The CTA's shared memory: the Q tile, the K and V stages and, for TMA loads, one
+        transaction barrier per K and per V stage. (Plain Python: the DSL would turn a
+        branch inside a class body into a dynamic one.)"""
+        tile_q = cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)]
+        tile_kv = cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)]
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[tile_q, 1024]
+            sK: cute.struct.Align[tile_kv, 1024]
+            sV: cute.struct.Align[tile_kv, 1024]
+
+        if not self.cfg.tma_kv_loads:
+            return SharedStorage
+
+        @cute.struct
+        class SharedStorageTma:
+            sQ: cute.struct.Align[tile_q, 1024]
+            sK: cute.struct.Align[tile_kv, 1024]
+            sV: cute.struct.Align[tile_kv, 1024]
+            kv_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.kv_stages]
+
+        return SharedStorageTma
+
+    def _make_tma_loads(self, mK: cute.Tensor, mV: cute.Tensor, sKV_layout) -> tuple:
+        """``(atom, coordinate tensor)`` of K, then of V, for TMA loads of one stage.
+
+        The tensors are viewed as (rows, D, heads, batch), so that a tile is the leading
+        (block_n, D) modes; the TMA unit zero-fills the rows past the end of the sequence.
+        """
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        one_stage = cute.make_composed_layout(tma_swizzle(self.head_dim), 0,
+                                              cute.slice_(sKV_layout, (None, None, 0)).outer)
+        loads = []
+        for tensor in (mK, mV):
+            view = cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=[1, 3, 2, 0]))
+            loads.extend(cpasync.make_tiled_tma_atom(op, view, one_stage,
+                                                     (self.cfg.block_n, self.head_dim)))
+        return tuple(loads)
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -195,10 +244,11 @@ class FlashForwardSm80:
         SharedStorage: cutlass.Constexpr,
         num_m_blocks: cutlass.Int32,
         num_seqs: cutlass.Int32,
+        kv_tma,
     ):
         tiles = (mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window_left, window_right, softmax_scale,
                  sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage,
-                 num_m_blocks)
+                 num_m_blocks, kv_tma)
         if cutlass.const_expr(self.cfg.persistent):
             # Tiles in the order a plain grid would start them (row blocks of one head
             # together, so they share K/V in L2), dealt round-robin to the resident CTAs.
@@ -220,7 +270,7 @@ class FlashForwardSm80:
               window_left: cutlass.Int32, window_right: cutlass.Int32,
               softmax_scale: cutlass.Float32, sQ_layout, sKV_layout, gmem_load: cute.TiledCopy,
               gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
-              SharedStorage: cutlass.Constexpr, num_m_blocks: cutlass.Int32):
+              SharedStorage: cutlass.Constexpr, num_m_blocks: cutlass.Int32, kv_tma):
         """One output tile: ``block_m`` query rows of one sequence and head."""
         cfg = self.cfg
         D = self.head_dim
@@ -271,6 +321,16 @@ class FlashForwardSm80:
         tKgK, tKsK = thr_load.partition_S(gK), thr_load.partition_D(sK)
         tVgV, tVsV = thr_load.partition_S(gV), thr_load.partition_D(sV)
         tKVcKV = thr_load.partition_S(cKV)
+        if cutlass.const_expr(cfg.tma_kv_loads):
+            # The TMA partition wants the swizzle on the pointer (in bytes), not composed into
+            # the layout: the same shared memory as sK and sV.
+            kv_loads = self._tma_partitions(
+                kv_tma, storage.kv_bars.data_ptr(),
+                *(buf.get_tensor(sKV_layout.outer, swizzle=tma_swizzle(D))
+                  for buf in (storage.sK, storage.sV)),
+                head_kv, batch, tidx)
+        else:
+            kv_loads = (gmem_load, ((tKgK, tKsK), (tVgV, tVsV)), tKVcKV)
 
         # ---- MMA partitions and shared->register copies -----------------------------------
         thr_mma = tiled_mma.get_slice(tidx)
@@ -311,9 +371,8 @@ class FlashForwardSm80:
         if cutlass.const_expr(cfg.eager_kv_loads):
             if n_min < n_max:
                 # The ring takes V_0 along; otherwise V_j is loaded as block j starts.
-                tiles = ((tKgK, tKsK), (tVgV, tVsV))[:2 if cfg.kv_stages > 1 else 1]
-                self._load_block(gmem_load, tiles, tKVcKV, first_block,
-                                 self._stage(first_block), seqlen_k - first_block * cfg.block_n)
+                self._load_kv(kv_loads, (K, V)[:2 if cfg.kv_stages > 1 else 1], first_block,
+                              seqlen_k - first_block * cfg.block_n)
         self._commit()
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
@@ -334,7 +393,7 @@ class FlashForwardSm80:
         if cfg.reverse_kv:
             bounds = bounds[::-1]
         operands = (row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma, thr_mma,
-                    acc_O, softmax, gmem_load, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK,
+                    acc_O, softmax, kv_loads, tSrQ, tSrK,
                     tOrVt, load_q, (s2r_K, k_src, k_dst), (s2r_V, v_src, v_dst), tScS_mn)
         if cutlass.const_expr(cfg.peel_first_kv_block):
             # Kernel 10: the first block runs on its own (masked body: any block may be it);
@@ -385,8 +444,8 @@ class FlashForwardSm80:
 
     @cute.jit
     def _kv_block(self, n_block, n_min, n_max, row0, seqlen_q, seqlen_k, window_left,
-                  window_right, tiled_mma, thr_mma, acc_O, softmax, gmem_load, tKgK, tKsK,
-                  tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, load_q, load_k, load_v, tScS_mn,
+                  window_right, tiled_mma, thr_mma, acc_O, softmax, kv_loads, tSrQ, tSrK, tOrVt,
+                  load_q, load_k, load_v, tScS_mn,
                   masked: cutlass.Constexpr, first: cutlass.Constexpr = False):
         """One K/V block: S = Q K^T, (mask,) online softmax, O += P V, next loads in flight."""
         cfg = self.cfg
@@ -407,19 +466,18 @@ class FlashForwardSm80:
             self._wait_all_and_sync()
             if following >= n_min:
                 if following < n_max:
-                    self._load_block(gmem_load, ((tKgK, tKsK), (tVgV, tVsV)), tKVcKV, following,
-                                     self._stage(following), kv_rows_left - step * cfg.block_n)
+                    self._load_kv(kv_loads, (K, V), following, kv_rows_left - step * cfg.block_n)
             self._commit()
+            self._await_kv(kv_loads, (K, V), n_block, n_min, n_max)
         elif cutlass.const_expr(cfg.eager_kv_loads):
             # K_j is in flight since the previous block; everyone is done with V_{j-1}.
             self._wait_all_and_sync()
-            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
-                            tKVcKV, kv_rows_left, cfg.block_n)
+            self._load_kv(kv_loads, (V,), n_block, kv_rows_left)
             self._commit()
+            self._await_kv(kv_loads, (K,), n_block, n_min, n_max)
         else:
             # No barrier before overwriting K: every thread passed the one after S_{j-1}.
-            self._load_rows(gmem_load, tKgK[None, None, None, n_block], tKsK[None, None, None, 0],
-                            tKVcKV, kv_rows_left, cfg.block_n)
+            self._load_kv(kv_loads, (K,), n_block, kv_rows_left)
             self._commit()
             self._wait_all_and_sync()
 
@@ -428,8 +486,7 @@ class FlashForwardSm80:
                    cfg.k_frags_per_load)
 
         if cutlass.const_expr(not cfg.eager_kv_loads):
-            self._load_rows(gmem_load, tVgV[None, None, None, n_block], tVsV[None, None, None, 0],
-                            tKVcKV, kv_rows_left, cfg.block_n)
+            self._load_kv(kv_loads, (V,), n_block, kv_rows_left)
             self._commit()
             self._wait_all_and_sync()
         elif cutlass.const_expr(cfg.kv_stages == 1):
@@ -437,10 +494,9 @@ class FlashForwardSm80:
             self._wait_all_and_sync()
             if following >= n_min:
                 if following < n_max:
-                    self._load_rows(gmem_load, tKgK[None, None, None, following],
-                                    tKsK[None, None, None, 0], tKVcKV,
-                                    kv_rows_left - step * cfg.block_n, cfg.block_n)
+                    self._load_kv(kv_loads, (K,), following, kv_rows_left - step * cfg.block_n)
                     self._commit()
+            self._await_kv(kv_loads, (V,), n_block, n_min, n_max)
 
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
@@ -456,13 +512,69 @@ class FlashForwardSm80:
         self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
                    cfg.v_frags_per_load, self.v_chunks)
 
-    def _load_block(self, gmem_load: cute.TiledCopy, tiles, coord: cute.Tensor, n_block,
-                    stage, rows_left):
-        """Load K/V block ``n_block`` into ``stage``: each ``(global, shared)`` pair of
-        ``tiles`` (K, and V for the ring)."""
-        for gmem, smem in tiles:
-            self._load_rows(gmem_load, gmem[None, None, None, n_block],
-                            smem[None, None, None, stage], coord, rows_left, self.cfg.block_n)
+    @cute.jit
+    def _tma_partitions(self, kv_tma: tuple, bars: cute.Pointer, sK: cute.Tensor,
+                        sV: cute.Tensor, head_kv, batch, tidx):
+        """The TMA side of ``kv_loads``: per tensor (atom, global blocks, shared stages),
+        the transaction barriers (K stages, then V stages) and whether this thread issues.
+
+        The barriers are initialised here, before any load can signal them.
+        """
+        cfg = self.cfg
+        if tidx == 0:
+            for b in cutlass.range_constexpr(2 * cfg.kv_stages):
+                cute.arch.mbarrier_init(bars + b, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        parts = []
+        for atom, tensor, smem in ((kv_tma[0], kv_tma[1], sK), (kv_tma[2], kv_tma[3], sV)):
+            blocks = cute.local_tile(tensor[None, None, head_kv, batch],
+                                     (cfg.block_n, self.head_dim), (None, 0))
+            to_smem, from_gmem = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                cute.group_modes(blocks, 0, 2))
+            parts.append((atom, from_gmem, to_smem))
+        # A whole warp takes the branch (one elected lane arms the barrier, the copy elects
+        # its own): a per-thread branch around TMA makes ptxas add divergent fallbacks.
+        return tuple(parts), bars, cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
+
+    @cute.jit
+    def _load_kv(self, kv_loads, which: tuple, n_block, rows_left):
+        """Start loading block ``n_block`` of each tensor in ``which`` (``K``, ``V``) into its
+        stage: ``cp.async`` by every thread, or one TMA copy on the stage's barrier."""
+        cfg = self.cfg
+        stage = self._stage(n_block)
+        if cutlass.const_expr(cfg.tma_kv_loads):
+            parts, bars, issuer = kv_loads
+            if issuer:
+                for t in which:
+                    atom, from_gmem, to_smem = parts[t]
+                    bar = bars + t * cfg.kv_stages + stage
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(
+                            bar, cfg.block_n * self.head_dim * self.dtype.width // 8)
+                    cute.copy(atom, from_gmem[None, n_block], to_smem[None, stage],
+                              tma_bar_ptr=bar)
+        else:
+            gmem_load, tiles, coord = kv_loads
+            for t in which:
+                gmem, smem = tiles[t]
+                self._load_rows(gmem_load, gmem[None, None, None, n_block],
+                                smem[None, None, None, stage], coord, rows_left, cfg.block_n)
+
+    @cute.jit
+    def _await_kv(self, kv_loads, which: tuple, n_block, n_min, n_max):
+        """Wait until block ``n_block`` of each tensor in ``which`` has landed (TMA: on its
+        stage's barrier; ``cp.async`` waits in ``_wait_all_and_sync``)."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.tma_kv_loads):
+            _, bars, _ = kv_loads
+            # Blocks are consumed in load order: the i-th block a CTA takes is its stage's
+            # (i // kv_stages)-th completion, so the barrier's phase parity is that, mod 2.
+            i = n_max - 1 - n_block if cfg.reverse_kv else n_block - n_min
+            for t in which:
+                cute.arch.mbarrier_wait(bars + t * cfg.kv_stages + self._stage(n_block),
+                                        (i // cfg.kv_stages) % 2)
 
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
