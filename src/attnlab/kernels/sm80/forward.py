@@ -183,26 +183,14 @@ class FlashForwardSm80:
         """The CTA's shared memory: the Q tile, the K and V stages and, for TMA loads, one
         transaction barrier per K and per V stage. (Plain Python: the DSL would turn a
         branch inside a class body into a dynamic one.)"""
-        tile_q = cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)]
-        tile_kv = cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)]
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[tile_q, 1024]
-            sK: cute.struct.Align[tile_kv, 1024]
-            sV: cute.struct.Align[tile_kv, 1024]
-
-        if not self.cfg.tma_kv_loads:
-            return SharedStorage
-
-        @cute.struct
-        class SharedStorageTma:
-            sQ: cute.struct.Align[tile_q, 1024]
-            sK: cute.struct.Align[tile_kv, 1024]
-            sV: cute.struct.Align[tile_kv, 1024]
-            kv_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.kv_stages]
-
-        return SharedStorageTma
+        tile_kv = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)],
+                                    1024]
+        fields = {"sQ": cute.struct.Align[cute.struct.MemRange[
+                      self.dtype, cute.cosize(sQ_layout)], 1024],
+                  "sK": tile_kv, "sV": tile_kv}
+        if self.cfg.tma_kv_loads:
+            fields["kv_bars"] = cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.kv_stages]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _make_tma_loads(self, mK: cute.Tensor, mV: cute.Tensor, sKV_layout) -> tuple:
         """``(atom, coordinate tensor)`` of K, then of V, for TMA loads of one stage.
@@ -300,10 +288,7 @@ class FlashForwardSm80:
             return cute.domain_offset((start, 0), tensor[batch, None, h, None])
 
         gQ = cute.local_tile(rows_of(mQ, q_start, head), (cfg.block_m, D), (m_block, 0))
-        gK = cute.local_tile(rows_of(mK, k_start, head_kv), (cfg.block_n, D), (None, 0))
-        gV = cute.local_tile(rows_of(mV, k_start, head_kv), (cfg.block_n, D), (None, 0))
         cQ = cute.make_identity_tensor((cfg.block_m, D))
-        cKV = cute.make_identity_tensor((cfg.block_n, D))
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -318,9 +303,6 @@ class FlashForwardSm80:
         thr_load = gmem_load.get_slice(tidx)
         tQgQ, tQsQ, tQcQ = (thr_load.partition_S(gQ), thr_load.partition_D(sQ),
                             thr_load.partition_S(cQ))
-        tKgK, tKsK = thr_load.partition_S(gK), thr_load.partition_D(sK)
-        tVgV, tVsV = thr_load.partition_S(gV), thr_load.partition_D(sV)
-        tKVcKV = thr_load.partition_S(cKV)
         if cutlass.const_expr(cfg.tma_kv_loads):
             # The TMA partition wants the swizzle on the pointer (in bytes), not composed into
             # the layout: the same shared memory as sK and sV.
@@ -330,7 +312,13 @@ class FlashForwardSm80:
                   for buf in (storage.sK, storage.sV)),
                 head_kv, batch, tidx)
         else:
-            kv_loads = (gmem_load, ((tKgK, tKsK), (tVgV, tVsV)), tKVcKV)
+            # Per thread: (global blocks, shared stages) of K and of V, and the tile
+            # coordinates of its rows (for the zero-filled tail).
+            kv_loads = (gmem_load, tuple(
+                (thr_load.partition_S(cute.local_tile(rows_of(m, k_start, head_kv),
+                                                      (cfg.block_n, D), (None, 0))),
+                 thr_load.partition_D(smem)) for m, smem in ((mK, sK), (mV, sV))),
+                thr_load.partition_S(cute.make_identity_tensor((cfg.block_n, D))))
 
         # ---- MMA partitions and shared->register copies -----------------------------------
         thr_mma = tiled_mma.get_slice(tidx)
