@@ -18,7 +18,14 @@ from attnlab.bench.report import (
     write_json,
 )
 from attnlab.bench.runner import REFERENCE, Point, Result, harmonic_mean, ratios, tokens_grid
-from attnlab.bench.timing import Timing, attention_flops, summarize, tflops, time_calls
+from attnlab.bench.timing import (
+    HOLD_MS_PER_CALL,
+    Timing,
+    attention_flops,
+    summarize,
+    tflops,
+    time_calls,
+)
 
 
 class FakeClock:
@@ -28,6 +35,7 @@ class FakeClock:
         self.now = 0.0
         self.durations = iter(durations)
         self.waits = 0
+        self.holds: list[tuple[float, float]] = []  # (when, ms)
 
     def advance(self) -> None:
         self.now += next(self.durations)
@@ -40,6 +48,9 @@ class FakeClock:
 
     def elapsed_ms(self, start: float, stop: float) -> float:
         return stop - start
+
+    def hold(self, ms: float) -> None:
+        self.holds.append((self.now, ms))
 
 
 def test_time_calls_skips_warmup_and_rotates_inputs():
@@ -54,6 +65,25 @@ def test_time_calls_skips_warmup_and_rotates_inputs():
     assert seen == [0, 1, 2, 0, 1, 2, 0]  # warm-ups, then timed runs: each call the next set
     assert timing == Timing(median_ms=3.0, min_ms=1.0, max_ms=5.0, runs=5)
     assert clock.waits == 2  # once before the timed runs, once before reading the marks
+    # One hold, after the warm-ups and before the first timed call, sized for every call.
+    assert clock.holds == [(200.0, 5 * HOLD_MS_PER_CALL)]
+
+
+def test_timed_calls_run_with_the_garbage_collector_paused():
+    """A collection during the timed calls would stall the host past the device hold."""
+    import gc
+
+    clock = FakeClock([1.0] * 4)
+    states = []
+
+    def fn(i):
+        states.append(gc.isenabled())
+        clock.advance()
+
+    assert gc.isenabled()
+    time_calls(fn, warmup=1, runs=3, clock=clock)
+    assert states == [True, False, False, False]
+    assert gc.isenabled()
 
 
 def test_measure_point_times_round_robin():

@@ -154,6 +154,25 @@ def test_tma_ring_defaults_load_kv_with_no_copy_instruction(head_dim, windowed, 
     assert read_resources(art.cubin, sass_text).spills == (head_dim == 128)
 
 
+def test_hopper_step_is_kernel_16_with_the_tma_ring(artifact_dir):
+    """``tma_ring`` changes only the load scheme of kernel 16: the SASS swaps K/V's LDGSTS for
+    UTMALDG and keeps the MMAs. Only sm_90 runs it, so the ladder leaves it out on Ampere."""
+    cfg = ladder.HOPPER_STEPS["tma_ring"]
+    assert ladder.BASES["tma_ring"] == "k16"
+    assert cfg == ladder.k16.replace(**ladder.TMA_RING)
+    ops = {}
+    for name, config in (("k16", ladder.k16), ("tma_ring", cfg)):
+        art = compile_config(config, "sm_90a", head_dim=128, out_dir=artifact_dir)
+        ops[name] = histogram(parse(disassemble(art.cubin)))
+    assert ops["k16"]["UTMALDG"] == 0 < ops["tma_ring"]["UTMALDG"]
+    assert ops["tma_ring"]["LDGSTS"] < ops["k16"]["LDGSTS"]
+    assert ops["tma_ring"]["HMMA"] == ops["k16"]["HMMA"] == expected_hmma(cfg, 128)
+    assert "tma_ring" not in ladder.named_for("sm_80")
+    assert ladder.named_for("sm_90a") == ladder.NAMED
+    # A tile over the arch's shared memory is left out too (kernel 1's 64x64 tiles fit).
+    assert "k01" in ladder.named_for("sm_80", 256)
+
+
 def test_tma_kv_loads_are_refused_where_they_cannot_run(artifact_dir):
     cfg = ladder.k16.replace(tma_kv_loads=True)
     with pytest.raises(ConfigError, match="TMA unit of sm_90"):

@@ -279,13 +279,11 @@ def compile_config(
                          ptx_path if ptx_path.exists() else None, meta["kernel_name"])
 
     blob, ptx = _compile_to_fatbinary(config, arch, dtype, head_dim, windowed, varlen)
-    images = _elf_images(blob)
-    if not images:
-        raise RuntimeError("the compiled module held no cubin; the CuTe DSL layout changed?")
-    cubin_path.write_bytes(images[0])
+    cubin = cubin_of(blob)
+    cubin_path.write_bytes(cubin)
     if ptx is not None:
         ptx_path.write_text(ptx)
-    names = re.findall(rb"\.text\.([A-Za-z0-9_$]+)", images[0])
+    names = re.findall(rb"\.text\.([A-Za-z0-9_$]+)", cubin)
     kernel_name = names[0].decode() if names else "unknown"
     meta_path.write_text(json.dumps({"kernel_name": kernel_name}))
     return Artifacts(config, arch, dtype, head_dim, cubin_path,
@@ -295,7 +293,15 @@ def compile_config(
 def _compile_to_fatbinary(
     config: FlashConfig, arch: str, dtype: str, head_dim: int, windowed: bool, varlen: bool
 ) -> tuple[bytes, str | None]:
-    """The device fatbinary and the PTX of one kernel, stopping before the host JIT."""
+    """The device fatbinary and the PTX of one forward kernel, stopping before the host JIT."""
+    return cross_compile(_kernel_object(config, dtype, head_dim, windowed, varlen, None),
+                         _signature(dtype), _compile_options(config, arch))
+
+
+def cross_compile(kernel: Any, args: tuple, options: str) -> tuple[bytes, str | None]:
+    """The device fatbinary and the PTX of ``cute.compile(kernel, *args, options=options)``,
+    stopping before the host JIT (no GPU or driver needed). ``options`` names the target
+    (``--gpu-arch``); ``cubin_of`` cuts the cubin out of the fatbinary."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import PostCompileHookContext
     from cutlass.cutlass_dsl import CuTeDSL
@@ -313,13 +319,19 @@ def _compile_to_fatbinary(
     with tempfile.TemporaryDirectory() as dump_dir, PostCompileHookContext(provider,
                                                                            grab_binary):
         try:
-            cute.compile(_kernel_object(config, dtype, head_dim, windowed, varlen, None),
-                         *_signature(dtype),
-                         options=_compile_options(config, arch)
-                         + f" --keep-ptx --dump-dir {dump_dir}")
+            cute.compile(kernel, *args,
+                         options=options + f" --keep-ptx --dump-dir {dump_dir}")
         except Exception:  # the DSL wraps the hook's _StopBeforeJit in its own error type
             if "blob" not in captured:
                 raise
         ptx_files = sorted(Path(dump_dir).glob("*.ptx"))
         ptx = ptx_files[0].read_text() if ptx_files else None
     return captured["blob"], ptx
+
+
+def cubin_of(blob: bytes) -> bytes:
+    """The (first) cubin of a fatbinary from ``cross_compile``."""
+    images = _elf_images(blob)
+    if not images:
+        raise RuntimeError("the compiled module held no cubin; the CuTe DSL layout changed?")
+    return images[0]

@@ -24,12 +24,14 @@ k16    static global-memory strides (row and head strides compiled in)
 A step that measured no faster (k10, k13, k14, k15) keeps its row but is not carried
 forward: ``BASES`` names what each step changes. The GA104 lab's variants (``LAB_VARIANTS``)
 each change one thing of their base: kernel 7, or for ``bc128`` the lab's own
-16-rows-per-warp kernel and for ``ptxas_o1`` kernel 16.
+16-rows-per-warp kernel and for ``ptxas_o1`` kernel 16. ``HOPPER_STEPS`` go on from kernel 16
+with what only sm_90 has (K/V through the TMA unit); ``named_for(arch)`` leaves them out on
+an Ampere GPU.
 """
 
 from __future__ import annotations
 
-from attnlab.config import FlashConfig
+from attnlab.config import ConfigError, FlashConfig
 
 k01 = FlashConfig(
     block_m=64, block_n=64, num_warps=4, async_copy=True, swizzle="none",
@@ -85,12 +87,21 @@ LAB_VARIANTS: dict[str, FlashConfig] = {
 }
 LAB_BASE = "k07"
 
+#: K and V through the TMA unit into a two-stage ring (``tma_kv_loads``, ``kv_stages``):
+#: one barrier per block and no copy instructions in the math warps (docs/ladder.md,
+#: "Seventh session"). Packed (varlen) calls cannot take TMA tiles and drop these knobs.
+TMA_RING: dict[str, object] = {"tma_kv_loads": True, "kv_stages": 2}
+
+#: Steps past the seeds' ladder that need sm_90, each one change to kernel 16: the load
+#: scheme of the Hopper defaults.
+HOPPER_STEPS: dict[str, FlashConfig] = {"tma_ring": k16.replace(**TMA_RING)}
+
 #: The config each row changes (its delta in ``attnlab ladder`` is against that row).
 BASES: dict[str, str] = {
     **{f"k{i:02d}": f"k{i - 1:02d}" for i in range(2, 11)},
     "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k15": "k12", "k16": "k12",
     **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
-    "bc128": "br16", "ptxas_o1": "k16",
+    "bc128": "br16", "ptxas_o1": "k16", "tma_ring": "k16",
 }
 
 #: What each step adds, for tables and plots.
@@ -117,6 +128,7 @@ STEP_NAMES: dict[str, str] = {
     "pipeline": "lab: 2-stage cp.async K/V ring",
     "persistent": "lab: persistent grid",
     "ptxas_o1": "lab: zero spills (k16, ptxas -O1)",
+    "tma_ring": "sm_90: K/V by TMA into a 2-stage ring",
 }
 
 
@@ -140,11 +152,6 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
         config = config.replace(block_m=64)
     return config
 
-
-#: K and V through the TMA unit into a two-stage ring (``tma_kv_loads``, ``kv_stages``):
-#: one barrier per block and no copy instructions in the math warps (docs/ladder.md,
-#: "Seventh session"). Packed (varlen) calls cannot take TMA tiles and drop these knobs.
-TMA_RING: dict[str, object] = {"tma_kv_loads": True, "kv_stages": 2}
 
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
 #: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
@@ -189,7 +196,20 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     return config
 
 
-NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS}
+NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS, **HOPPER_STEPS}
+
+
+def named_for(arch: str, head_dim: int = 128) -> dict[str, FlashConfig]:
+    """``NAMED`` without the configs that ``arch`` cannot run at ``head_dim`` (the sm_90
+    steps on an Ampere GPU, a tile over its shared memory)."""
+    runnable = {}
+    for name, config in NAMED.items():
+        try:
+            config.check_problem(head_dim, arch)
+        except ConfigError:
+            continue
+        runnable[name] = config
+    return runnable
 
 
 def get(name: str) -> FlashConfig:

@@ -37,8 +37,9 @@ def attainable(intensity: float, bytes_per_s: float, flops_per_s: float) -> floa
 
 def plot_roofline(points: Sequence[RooflinePoint], dram_bytes_per_s: float,
                   l2_bytes_per_s: float, matmul_flops_per_s: float, path: Path,
-                  title: str = "") -> Path:
-    """Log-log roofline with both memory ceilings; each kernel appears at both intensities."""
+                  title: str = "", mma_sync_flops_per_s: float | None = None) -> Path:
+    """Log-log roofline with both memory ceilings; each kernel appears at both intensities.
+    ``mma_sync_flops_per_s`` adds the lower roof of the ``mma.sync`` instruction."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +53,9 @@ def plot_roofline(points: Sequence[RooflinePoint], dram_bytes_per_s: float,
                 style, color="gray", label=f"{label} ceiling ({bandwidth / 1e12:.2f} TB/s)")
     ax.axhline(matmul_flops_per_s / 1e12, color="black", linewidth=0.8,
                label=f"bf16 matmul ({matmul_flops_per_s / 1e12:.0f} TFLOP/s)")
+    if mma_sync_flops_per_s is not None:
+        ax.axhline(mma_sync_flops_per_s / 1e12, color="black", linewidth=0.8, linestyle=":",
+                   label=f"bf16 mma.sync ({mma_sync_flops_per_s / 1e12:.0f} TFLOP/s)")
     for i, p in enumerate(points):
         color = f"C{i}"
         ax.scatter(p.dram_intensity, p.flops_per_s / 1e12, marker="o", color=color,

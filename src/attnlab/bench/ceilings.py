@@ -12,11 +12,14 @@ from attnlab.bench.timing import time_calls
 @dataclass(frozen=True)
 class Ceilings:
     """Bytes/s of a device-to-device copy (read + write), bytes/s read from an L2-resident
-    buffer, and the bf16 matrix rate (FLOP/s) of a large GEMM on random data."""
+    buffer, the bf16 matrix rate (FLOP/s) of a large GEMM on random data (the library's best
+    tensor-core path), and the bf16 rate of ``mma.sync`` alone (the instruction of attnlab's
+    sm80-path kernel: ``kernels/sm80/mma_rate.py``)."""
 
     dram_bytes_per_s: float
     l2_bytes_per_s: float
     matmul_flops_per_s: float
+    mma_sync_flops_per_s: float
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -41,12 +44,35 @@ def _l2_read_rate(nbytes: int, runs: int, passes: int = 64) -> float:
     return nbytes * passes / (timing.median_ms * 1e-3)
 
 
+def mma_sync_rate(runs: int = 20, ctas_per_sm: int = 4) -> float:
+    """FLOP/s of bf16 ``mma.sync`` m16n8k16 from registers, ``ctas_per_sm`` CTAs of 8 warps
+    per SM (8 warps per sub-partition: far more than its tensor pipe needs)."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    from attnlab.kernels.sm80.mma_rate import MmaSyncRate
+
+    probe = MmaSyncRate(cutlass.BFloat16)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    num_ctas = props.multi_processor_count * ctas_per_sm
+    out = torch.empty(num_ctas * 32 * probe.num_warps, device="cuda", dtype=torch.float32)
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    args = probe.signature(out.data_ptr(), num_ctas, stream)
+    kernel = cute.compile(probe, *args)
+    timing = time_calls(lambda i: kernel(*args), warmup=3, runs=runs)
+    if not torch.isfinite(out).all():
+        raise RuntimeError("the mma.sync probe produced non-finite sums")
+    return probe.flops(num_ctas) / (timing.median_ms * 1e-3)
+
+
 def measure_ceilings(runs: int = 20) -> Ceilings:
-    """Copy 2 GiB (DRAM), read half of the L2 over and over, multiply 8192^3 in bf16."""
+    """Copy 2 GiB (DRAM), read half of the L2 over and over, multiply 8192^3 in bf16, and
+    run the ``mma.sync`` probe."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     gemm = time_calls(lambda i: a @ b, warmup=3, runs=runs)
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     return Ceilings(_copy_rate(2 << 30, runs), _l2_read_rate(l2 // 2, runs),
-                    2 * n**3 / (gemm.median_ms * 1e-3))
+                    2 * n**3 / (gemm.median_ms * 1e-3), mma_sync_rate(runs))

@@ -6,6 +6,7 @@ total size exceeds the L2 cache; otherwise repeated runs would time the cache, n
 
 from __future__ import annotations
 
+import gc
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +43,16 @@ class Clock(Protocol):
 
     def elapsed_ms(self, start: object, stop: object) -> float: ...
 
+    def hold(self, ms: float) -> None: ...
+
+
+#: Host time per timed call that the device hold before the timed calls covers (ms): well
+#: above attnlab's launch overhead (~0.2 ms) and SDPA's (~0.04 ms).
+HOLD_MS_PER_CALL = 0.5
+#: SM clock cycles per millisecond assumed to size the hold (2 GHz: at lower clocks the hold
+#: only lasts longer).
+CYCLES_PER_MS = 2_000_000
+
 
 class CudaEventClock:
     """CUDA events on the current stream: device time, not host time."""
@@ -60,6 +71,13 @@ class CudaEventClock:
 
     def elapsed_ms(self, start: object, stop: object) -> float:
         return start.elapsed_time(stop)  # type: ignore[attr-defined]
+
+    def hold(self, ms: float) -> None:
+        """Keep the stream busy for about ``ms`` (a spinning kernel), so that the work
+        enqueued meanwhile waits in the queue instead of for the host."""
+        import torch
+
+        torch.cuda._sleep(int(ms * CYCLES_PER_MS))
 
 
 class TimedCallError(RuntimeError):
@@ -81,6 +99,12 @@ def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int =
     ``k % rotations``, so consecutive calls never share an input set. ``warmup`` untimed
     rounds come first; marks are read only after the last call, so timing never
     synchronises between calls. A function that raises is reported as ``TimedCallError``.
+
+    The timed calls queue behind a device-side hold (``clock.hold``) long enough for the host
+    to enqueue them all, with Python's garbage collector paused: a mark pair then measures
+    the call's device time even when its host side (launch overhead, a collection) takes
+    longer than the previous call's kernel. Without it, the device idles between a start
+    mark and a launch that is still on its way, and that idle time is counted.
     """
     if runs < 1 or warmup < 0 or rotations < 1:
         raise ValueError(f"need runs >= 1, warmup >= 0, rotations >= 1; got {runs}, {warmup}, "
@@ -102,11 +126,18 @@ def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int =
             call(name)
     clock.wait()
     marks: dict[str, list[tuple[object, object]]] = {name: [] for name in names}
-    for round_ in range(runs):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            start = clock.mark()
-            call(name)
-            marks[name].append((start, clock.mark()))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        clock.hold(HOLD_MS_PER_CALL * runs * len(names))
+        for round_ in range(runs):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                start = clock.mark()
+                call(name)
+                marks[name].append((start, clock.mark()))
+    finally:
+        if collecting:
+            gc.enable()
     clock.wait()
     return {name: [clock.elapsed_ms(start, stop) for start, stop in pairs]
             for name, pairs in marks.items()}

@@ -184,21 +184,26 @@ def ladder(
     (dtype_name,) = parse_dtypes(dtype)
     points = tokens_grid(tokens, hidden, lengths, [head_dim], [dtype_name])
     require_gpu()
+    import torch
+
+    from attnlab.dispatch import arch_of
+
+    configs = ladder_configs.named_for(arch_of(torch.device("cuda")), head_dim)
     impls = {REFERENCE: sdpa(REFERENCE)}
-    impls.update({name: attnlab_impl(cfg) for name, cfg in ladder_configs.NAMED.items()})
+    impls.update({name: attnlab_impl(cfg) for name, cfg in configs.items()})
     out.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         task = progress.add_task("ladder", total=len(points))
         results = measure_grid(points, impls, runs=runs,
                                on_point=lambda p: progress.advance(task))
-    rows = ladder_rows(results, ladder_configs.STEP_NAMES, anchor,
-                       bases=ladder_configs.BASES)
+    steps = {name: step for name, step in ladder_configs.STEP_NAMES.items() if name in configs}
+    rows = ladder_rows(results, steps, anchor, bases=ladder_configs.BASES)
     ref = reference_tflops(results, anchor)
     console.print(ladder_table(rows, ref, _device_title(
         f"attnlab ladder, {dtype_name} hd{head_dim}"), anchor))
     stem = f"ladder_{dtype_name}_hd{head_dim}"
     json_path = write_json(out / f"{stem}.json", "ladder", results, rows=rows,
-                           configs={n: c.to_dict() for n, c in ladder_configs.NAMED.items()})
+                           configs={n: c.to_dict() for n, c in configs.items()})
     png_path = plot_ladder(rows, out / f"{stem}.png", anchor)
     console.print(f"wrote {json_path} and {png_path}")
 

@@ -131,13 +131,15 @@ def roofline(
     out.mkdir(parents=True, exist_ok=True)
     png = plot_roofline(points, ceilings.dram_bytes_per_s, ceilings.l2_bytes_per_s,
                         ceilings.matmul_flops_per_s, out / "roofline.png",
-                        f"{torch.cuda.get_device_name()} {dtype_name} shape {shape}")
+                        f"{torch.cuda.get_device_name()} {dtype_name} shape {shape}",
+                        mma_sync_flops_per_s=ceilings.mma_sync_flops_per_s)
     table = Table(title="roofline points (ncu)")
-    for column in ("kernel", "TFLOP/s", "DRAM FLOP/B", "L2 FLOP/B"):
+    for column in ("kernel", "TFLOP/s", "of mma.sync", "DRAM FLOP/B", "L2 FLOP/B"):
         table.add_column(column, justify="right")
     for p in points:
-        table.add_row(p.name, f"{p.flops_per_s / 1e12:.1f}", f"{p.dram_intensity:.0f}",
-                      f"{p.l2_intensity:.0f}")
+        table.add_row(p.name, f"{p.flops_per_s / 1e12:.1f}",
+                      f"{p.flops_per_s / ceilings.mma_sync_flops_per_s:.0%}",
+                      f"{p.dram_intensity:.0f}", f"{p.l2_intensity:.0f}")
     console.print(table)
     console.print(f"ceilings: {ceilings.to_dict()}")
     (out / "roofline.json").write_text(json.dumps(

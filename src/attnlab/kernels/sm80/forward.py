@@ -361,11 +361,14 @@ class FlashForwardSm80:
                 # The ring takes V_0 along; otherwise V_j is loaded as block j starts.
                 self._load_kv(kv_loads, (K, V)[:2 if cfg.kv_stages > 1 else 1], first_block,
                               seqlen_k - first_block * cfg.block_n)
-        self._commit()
+        self._commit(q=True)
+        if cutlass.const_expr(cfg.tma_kv_loads or cfg.q_frags_per_load == 0):
+            # Q has to land before its first read: here, not at every block, when it is the
+            # only cp.async (TMA loads), or when it is read into registers once.
+            self._wait_all_and_sync(q=True)
         load_q = (s2r_Q, q_src, q_dst)
         if cutlass.const_expr(cfg.q_frags_per_load == 0):
             # Q stays in registers for the whole main loop: load it once.
-            self._wait_all_and_sync()
             for k in cutlass.range_constexpr(cute.size(q_src, mode=[2])):
                 cute.copy(s2r_Q, q_src[None, None, k], q_dst[None, None, k])
             load_q = None
@@ -591,12 +594,15 @@ class FlashForwardSm80:
             else:
                 dst[None, m, None].fill(0)
 
-    def _commit(self):
-        if cutlass.const_expr(self.cfg.async_copy):
+    def _commit(self, q: bool = False):
+        """Close this thread's group of cp.async copies: of K/V (none with TMA loads), or
+        with ``q`` the prologue's (Q, and K/V unless they come by TMA)."""
+        if cutlass.const_expr(self.cfg.async_copy and (q or not self.cfg.tma_kv_loads)):
             cute.arch.cp_async_commit_group()
 
-    def _wait_all_and_sync(self):
-        if cutlass.const_expr(self.cfg.async_copy):
+    def _wait_all_and_sync(self, q: bool = False):
+        """Wait for this thread's cp.async copies (as ``_commit``), then a block barrier."""
+        if cutlass.const_expr(self.cfg.async_copy and (q or not self.cfg.tma_kv_loads)):
             cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 

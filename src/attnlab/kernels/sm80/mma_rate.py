@@ -1,0 +1,80 @@
+"""The ``mma.sync`` ceiling: a kernel that does nothing but the forward kernel's tensor-core
+instruction.
+
+Each warp keeps ``chains`` independent m16n8k16 accumulators (16 x 8 * chains of fp32) and
+multiplies the same register fragments into them ``steps`` times: no memory traffic, no
+softmax, no dependency between consecutive MMAs of one step. Enough resident warps keep every
+sub-partition's tensor pipe busy, so FLOPs / time is the most that ``mma.sync`` can do on the
+GPU at hand: the roof the sm80-path kernel (HMMA from registers) runs under, as the bf16
+matmul (``wgmma`` on Hopper) is the roof of the best libraries. Operands come from the
+thread index, never zeros (the tensor cores' power, hence clocks, depends on the data).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
+
+#: Shape of one ``mma.sync`` (M, N, K) and the FLOPs it does.
+MMA_SHAPE = (16, 8, 16)
+MMA_FLOPS = 2 * MMA_SHAPE[0] * MMA_SHAPE[1] * MMA_SHAPE[2]
+
+
+class MmaSyncRate:
+    """Compile-time description: operand dtype, independent accumulators per warp, MMA
+    steps, warps per CTA. Call (through ``cute.compile``) with an fp32 output pointer (one
+    value per thread, so the MMAs are not dead code), the grid size and a CUDA stream."""
+
+    def __init__(self, dtype: type[cutlass.Numeric], chains: int = 8, steps: int = 4096,
+                 num_warps: int = 8):
+        self.dtype = dtype
+        self.chains = chains
+        self.steps = steps
+        self.num_warps = num_warps
+
+    def flops(self, num_ctas: int) -> int:
+        """FLOPs of one launch of ``num_ctas`` CTAs."""
+        return num_ctas * self.num_warps * self.steps * self.chains * MMA_FLOPS
+
+    @staticmethod
+    def signature(out_ptr: int = 0, num_ctas: int = 1, stream=None) -> tuple:
+        """The launch arguments (placeholders when cross-compiling)."""
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        return (make_ptr(cutlass.Float32, out_ptr, cute.AddressSpace.gmem, assumed_align=4),
+                cutlass.Int32(num_ctas), make_fake_stream() if stream is None else stream)
+
+    @cute.jit
+    def __call__(self, out_ptr: cute.Pointer, num_ctas: cutlass.Int32, stream: cuda.CUstream):
+        mOut = cute.make_tensor(out_ptr, cute.make_layout(num_ctas * 32 * self.num_warps))
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, MMA_SHAPE), (1, 1, 1))
+        self.kernel(mOut, tiled_mma).launch(grid=(num_ctas, 1, 1),
+                                            block=[32 * self.num_warps, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mOut: cute.Tensor, tiled_mma: cute.TiledMma):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        thr_mma = tiled_mma.get_slice(lane)
+        m, n, k = MMA_SHAPE
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((m, n * self.chains)),
+                                    cutlass.Float32)
+        acc.fill(0.0)
+        a = cute.make_rmem_tensor(thr_mma.partition_shape_A((m, k)), self.dtype)
+        b = cute.make_rmem_tensor(thr_mma.partition_shape_B((n * self.chains, k)), self.dtype)
+        # Small values that differ per thread and element: the sums stay finite over the steps.
+        seed = cutlass.Float32(tidx % 97) * 1e-3
+        for i in cutlass.range_constexpr(cute.size(a)):
+            a[i] = (seed + i * 1e-2).to(self.dtype)
+        for i in cutlass.range_constexpr(cute.size(b)):
+            b[i] = (seed - i * 1e-2).to(self.dtype)
+        for _ in cutlass.range(self.steps, unroll=8):
+            cute.gemm(tiled_mma, acc, a[None, None, 0], b[None, None, 0], acc)
+        total = cutlass.Float32(0.0)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            total += acc[i]
+        mOut[cta * 32 * self.num_warps + tidx] = total
