@@ -44,6 +44,14 @@ def _l2_read_rate(nbytes: int, runs: int, passes: int = 64) -> float:
     return nbytes * passes / (timing.median_ms * 1e-3)
 
 
+def matmul_rate(runs: int = 20, n: int = 8192) -> float:
+    """FLOP/s of one ``n``^3 bf16 GEMM (torch, i.e. cuBLAS) on random data."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    gemm = time_calls(lambda i: a @ b, warmup=3, runs=runs)
+    return 2 * n**3 / (gemm.median_ms * 1e-3)
+
+
 def mma_sync_rate(runs: int = 20, ctas_per_sm: int = 4) -> float:
     """FLOP/s of bf16 ``mma.sync`` m16n8k16 from registers, ``ctas_per_sm`` CTAs of 8 warps
     per SM (8 warps per sub-partition: far more than its tensor pipe needs)."""
@@ -69,10 +77,6 @@ def mma_sync_rate(runs: int = 20, ctas_per_sm: int = 4) -> float:
 def measure_ceilings(runs: int = 20) -> Ceilings:
     """Copy 2 GiB (DRAM), read half of the L2 over and over, multiply 8192^3 in bf16, and
     run the ``mma.sync`` probe."""
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    gemm = time_calls(lambda i: a @ b, warmup=3, runs=runs)
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     return Ceilings(_copy_rate(2 << 30, runs), _l2_read_rate(l2 // 2, runs),
-                    2 * n**3 / (gemm.median_ms * 1e-3), mma_sync_rate(runs))
+                    matmul_rate(runs), mma_sync_rate(runs))

@@ -594,15 +594,18 @@ class FlashForwardSm80:
             else:
                 dst[None, m, None].fill(0)
 
+    def _copies_by_cp_async(self, q: bool) -> bool:
+        """Whether this thread has cp.async copies to commit or wait for: those of K/V
+        (none with TMA loads), or with ``q`` the prologue's (Q, and K/V unless by TMA)."""
+        return self.cfg.async_copy and (q or not self.cfg.tma_kv_loads)
+
     def _commit(self, q: bool = False):
-        """Close this thread's group of cp.async copies: of K/V (none with TMA loads), or
-        with ``q`` the prologue's (Q, and K/V unless they come by TMA)."""
-        if cutlass.const_expr(self.cfg.async_copy and (q or not self.cfg.tma_kv_loads)):
+        if cutlass.const_expr(self._copies_by_cp_async(q)):
             cute.arch.cp_async_commit_group()
 
     def _wait_all_and_sync(self, q: bool = False):
         """Wait for this thread's cp.async copies (as ``_commit``), then a block barrier."""
-        if cutlass.const_expr(self.cfg.async_copy and (q or not self.cfg.tma_kv_loads)):
+        if cutlass.const_expr(self._copies_by_cp_async(q)):
             cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
