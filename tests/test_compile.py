@@ -9,7 +9,7 @@ from attnlab import ladder
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
-from attnlab.config import ConfigError, FlashConfig
+from attnlab.config import WGMMA_HEAD_DIMS, ConfigError, FlashConfig
 
 ARCHS = ("sm_80", "sm_90a")
 #: Configs that spill at hd128 today (docs/ladder.md); any change here must be deliberate.
@@ -142,7 +142,7 @@ def test_tma_ring_defaults_load_kv_with_no_copy_instruction(head_dim, windowed, 
     """The defaults with the TMA ring: K and V arrive by UTMALDG, so the only cp.async left is
     Q's (16 bytes per copy, a predicated and an unpredicated path); the MMAs are unchanged.
     Below hd128 they need no spill at -O3 (their cp.async builds spilled 8-88 B)."""
-    cfg = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    cfg = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     art = compile_config(cfg, "sm_90a", dtype=dtype, head_dim=head_dim, windowed=windowed,
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
@@ -173,6 +173,46 @@ def test_hopper_step_is_kernel_16_with_the_tma_ring(artifact_dir):
     assert "k01" in ladder.named_for("sm_80", 256)
 
 
+@pytest.mark.parametrize("head_dim", WGMMA_HEAD_DIMS)
+@pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
+def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact_dir):
+    """The sm_90a default at hd64/hd128: one HGMMA per 16-wide k-step of each GEMM and mask
+    phase (a 64 x N atom per warpgroup), no mma.sync, ldmatrix or cp.async left; Q/K/V come
+    by TMA and O leaves by a TMA store; the producer warpgroup hands its registers over; no
+    spill at -O3."""
+    cfg = ladder.default_for("sm_90a", head_dim, windowed)
+    assert cfg.wgmma and cfg == ladder.HOPPER_STEPS["wgmma"].replace(
+        **ladder.SM90A_WGMMA_KNOBS[head_dim])
+    art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=windowed,
+                         out_dir=artifact_dir)
+    sass_text = disassemble(art.cubin)
+    ops = histogram(parse(sass_text))
+    phases = 3 if windowed else 2
+    assert ops["HGMMA"] == phases * (head_dim // 16 + cfg.block_n // 16)
+    assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
+    assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0
+    assert ops["USETMAXREG"] == 2
+    assert not read_resources(art.cubin, sass_text).spills
+
+
+def test_wgmma_is_refused_where_it_cannot_run(artifact_dir):
+    cfg = ladder.HOPPER_STEPS["wgmma"]
+    with pytest.raises(ConfigError, match="needs sm_90a"):
+        compile_config(cfg, "sm_80", head_dim=128, out_dir=artifact_dir)
+    with pytest.raises(ConfigError, match="packed .varlen. sequences"):
+        compile_config(cfg, "sm_90a", head_dim=128, varlen=True, out_dir=artifact_dir)
+    with pytest.raises(ConfigError, match="head dims"):
+        compile_config(cfg, "sm_90a", head_dim=96, out_dir=artifact_dir)
+    for bad in ({"tma_kv_loads": False}, {"block_m": 128, "num_warps": 4},
+                {"reverse_kv": True}, {"static_strides": True}, {"kv_stages": 5}):
+        with pytest.raises(ConfigError):
+            cfg.replace(**bad)
+    assert ladder.default_for("sm_90a", 128, varlen=True) == ladder.mma_sync_default_for(
+        "sm_90a", 128, varlen=True)
+    assert not ladder.default_for("sm_90", 128).wgmma
+    assert ladder.BASES["wgmma"] == "tma_ring" and "wgmma" not in ladder.named_for("sm_80")
+
+
 def test_tma_kv_loads_are_refused_where_they_cannot_run(artifact_dir):
     cfg = ladder.k16.replace(tma_kv_loads=True)
     with pytest.raises(ConfigError, match="TMA unit of sm_90"):
@@ -199,7 +239,7 @@ def test_variants_keep_one_main_loop(windowed, varlen, artifact_dir):
 def test_row_sum_chains_of_the_default(head_dim, windowed, dtype, artifact_dir):
     """The defaults with several row-sum chains add each row's terms once: one FADD fewer per
     row and loop body than ``reduce``'s chain, which starts from 0.0; MMAs unchanged."""
-    cfg = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    cfg = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     assert cfg.row_sum_chains > 1
 
     def ops(config):

@@ -391,7 +391,7 @@ def test_more_tiles_than_resident_ctas(name):
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
 def test_d_head_tile(head_dim, tile, window):
     """Kernel 15's column chunks of O += P V, at several chunk widths and head dims."""
-    config = ladder.default_for("sm_90a", head_dim).replace(d_head_tile=tile)
+    config = ladder.mma_sync_default_for("sm_90a", head_dim).replace(d_head_tile=tile)
     q, k, v = dense_inputs(2, 200, 333, 4, 2, head_dim, torch.float16, seed=head_dim + tile)
     check_dense(q, k, v, window=window, config=config)
 
@@ -402,7 +402,8 @@ def test_row_sum_chains(chains, window):
     """Row sums added in several chains: dense (tails in both sequences) and packed."""
     q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=chains)
     for varlen in (False, True):
-        config = ladder.default_for("sm_90a", 128, varlen=varlen).replace(row_sum_chains=chains)
+        config = ladder.mma_sync_default_for("sm_90a", 128, varlen=varlen).replace(
+            row_sum_chains=chains)
         if varlen:
             check_varlen(window, torch.float16, config)
         else:
@@ -418,8 +419,27 @@ def test_tma_kv_loads(head_dim, knobs, window):
     each K/V schedule, and a head dim of each swizzle width (96: 64-byte rows)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
-    config = ladder.default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
+    config = ladder.mma_sync_default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
     q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
+    check_dense(q, k, v, window=window, config=config)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 64, "kv_stages": 4},
+                                   {"block_n": 192, "kv_stages": 2},
+                                   {"block_m": 64, "num_warps": 4}, {"fused_softmax": False}],
+                         ids=["default", "bn64x4", "bn192x2", "one_warpgroup", "unfused"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (128, 128)],
+                         ids=["full", "causal", "win", "band"])
+def test_wgmma_kernel(head_dim, knobs, window):
+    """The warpgroup-MMA kernel: tails in both sequences (TMA zero-fill, clipped TMA store),
+    GQA, each mask, each tile and ring depth, and Sq > Sk (rows that see no key)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = ladder.default_for("sm_90a", head_dim).replace(**knobs)
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 1)
     check_dense(q, k, v, window=window, config=config)
 
 

@@ -24,7 +24,7 @@ def test_search_space_is_valid_unique_and_holds_the_default():
     assert len(space) == len(set(space)) > 20
     # Tuning can always fall back to what it started from: the default's tile is in the
     # space, and its knobs (chains, the TMA ring) are the refinement's.
-    assert ladder.default_for("sm_90a").replace(
+    assert ladder.mma_sync_default_for("sm_90a").replace(
         row_sum_chains=1, tma_kv_loads=False, kv_stages=1) in space
     assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
     wide = search_space(wide=True)
@@ -39,7 +39,7 @@ def test_knob_neighbours_cover_chains_walks_and_loads_of_one_tile(head_dim, wind
     """The refinement keeps the tile and varies only the row-sum chains (up to a full tree of
     block_n / 4), the K/V walk and, on sm_90, cp.async against the TMA ring; every neighbour
     has a name of its own (the timing key)."""
-    best = ladder.default_for("sm_90a", head_dim, windowed, dtype)
+    best = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     around = knob_neighbours(best, "sm_90a", head_dim)
     assert best in around
     chains = [c for c in ROW_SUM_CHAINS if c <= best.block_n // 4]

@@ -165,10 +165,12 @@ def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:
 def _kernel_object(config: FlashConfig, dtype: str, head_dim: int, windowed: bool,
                    varlen: bool, strides: Strides | None):
     from attnlab.kernels.sm80.forward import FlashForwardSm80
+    from attnlab.kernels.sm90.forward import FlashForwardSm90
 
     static = (strides or canonical_strides(head_dim)) if config.static_strides else None
-    return FlashForwardSm80(config, head_dim, _cutlass_dtype(dtype), windowed, varlen,
-                            static_strides=static)
+    kernel_class = FlashForwardSm90 if config.wgmma else FlashForwardSm80
+    return kernel_class(config, head_dim, _cutlass_dtype(dtype), windowed, varlen,
+                        static_strides=static)
 
 
 def _compile_options(config: FlashConfig, arch: str) -> str:

@@ -18,6 +18,9 @@ SWIZZLE_MODES: tuple[str, ...] = ("none", "xor", "pad8")
 #: Rows/columns of one 16x8x16 ``mma.sync`` along M and along the reduction (K) dimension.
 MMA_M = 16
 MMA_K = 16
+#: Rows of one ``wgmma`` (a warpgroup's share of ``block_m``), and the head dims it serves.
+WGMMA_M = 64
+WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: An 8x8 ``ldmatrix`` fragment is 8 elements wide: two of them cover one MMA_K step.
 FRAG_COLS = 8
 
@@ -104,6 +107,14 @@ class FlashConfig:
             threads issue no copy instructions. Rows past the end of K/V are zero-filled by
             the TMA unit. Not for packed (varlen) sequences, whose tiles would run into the
             next sequence.
+        wgmma: run the Hopper kernel (``kernels/sm90/forward.py``, sm_90a) instead of the
+            ``mma.sync`` one: warpgroup MMAs (``wgmma``) read Q and K straight from shared
+            memory and P from registers, one producer warp loads Q/K/V with TMA into a
+            ``kv_stages`` ring guarded by full/empty mbarriers, and each 64-row slice of
+            ``block_m`` is a consumer warpgroup (``num_warps`` counts the consumer warps;
+            a producer warpgroup is added). The ``ldmatrix`` schedule knobs
+            (``*_frags_per_load``, ``double_buffer_smem_to_rf``, ``row_sum_chains``) do not
+            apply to it.
     """
 
     block_m: int = 64
@@ -128,6 +139,7 @@ class FlashConfig:
     persistent: bool = False
     row_sum_chains: int = 1
     tma_kv_loads: bool = False
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -163,8 +175,9 @@ class FlashConfig:
             raise ConfigError(
                 "eager_kv_loads needs async_copy: a synchronous copy cannot overlap the math"
             )
-        if self.kv_stages not in (1, 2):
-            raise ConfigError(f"kv_stages must be 1 or 2, got {self.kv_stages!r}")
+        if self.kv_stages not in ((1, 2, 3, 4) if self.wgmma else (1, 2)):
+            raise ConfigError(f"kv_stages must be 1 or 2 (up to 4 with wgmma), got "
+                              f"{self.kv_stages!r}")
         if self.kv_stages > 1 and not self.eager_kv_loads:
             raise ConfigError(
                 "kv_stages=2 needs eager_kv_loads: the ring issues the next block's loads "
@@ -202,6 +215,8 @@ class FlashConfig:
                 "tma_kv_loads does not combine with persistent: its mbarrier phases count the "
                 "K/V blocks of one output tile"
             )
+        if self.wgmma:
+            self._check_wgmma()
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -210,10 +225,24 @@ class FlashConfig:
                 "(a *_frags_per_load > 0): whole-tile loads leave nothing to prefetch"
             )
 
+    def _check_wgmma(self) -> None:
+        if self.block_m != WGMMA_M * (self.num_warps // 4) or self.num_warps not in (4, 8):
+            raise ConfigError(
+                f"wgmma needs num_warps 4 or 8 (one or two consumer warpgroups) and block_m = "
+                f"64 per warpgroup, got block_m={self.block_m}, num_warps={self.num_warps}")
+        if not self.tma_kv_loads:
+            raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
+        unsupported = [name for name in ("reverse_kv", "peel_first_kv_block", "d_head_tile",
+                                         "persistent", "static_strides") if getattr(self, name)]
+        if unsupported:
+            raise ConfigError(f"wgmma does not implement {', '.join(unsupported)} (kernel 10/13/"
+                              "15/16 and the persistent grid are knobs of the mma.sync kernel)")
+
     # ----------------------------------------------------------------------------------------
     @property
     def num_threads(self) -> int:
-        return 32 * self.num_warps
+        """Threads per CTA (with ``wgmma``, the producer warpgroup's 128 included)."""
+        return 32 * self.num_warps + (128 if self.wgmma else 0)
 
     def replace(self, **changes: object) -> FlashConfig:
         """A copy with some knobs changed (validated like any new config)."""
@@ -232,6 +261,12 @@ class FlashConfig:
 
     def short_name(self) -> str:
         """The seeds' notation, e.g. ``(64, 64, 4): async+eager+swizzled+load_0_2_0_fragments``."""
+        if self.wgmma:
+            # The mma.sync kernel's copy and ldmatrix knobs do not apply.
+            flags = ["wgmma", "tma", f"kv_stages_{self.kv_stages}"]
+            if self.fused_softmax:
+                flags.append("opt_softmax")
+            return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:
             flags.append("async")
@@ -292,8 +327,12 @@ class FlashConfig:
             raise ConfigError(
                 f"d_head_tile={self.d_head_tile} must divide head_dim={head_dim}"
             )
+        if self.wgmma and head_dim not in WGMMA_HEAD_DIMS:
+            raise ConfigError(f"wgmma serves head dims {WGMMA_HEAD_DIMS}, not {head_dim}")
         if arch is None:
             return
+        if self.wgmma and arch != "sm_90a":
+            raise ConfigError(f"wgmma needs sm_90a (warpgroup MMAs), not {arch}")
         if self.tma_kv_loads and not arch.startswith("sm_9"):
             raise ConfigError(f"tma_kv_loads needs the TMA unit of sm_90 or newer, not {arch}")
         capacity = SMEM_CAPACITY.get(arch)

@@ -2,7 +2,8 @@
 
 The tuning cache's entry for (GPU, capability, dtype, head dim, causal, seqlen bucket) when
 ``attnlab tune`` wrote one; otherwise the built-in default of the GPU's architecture family
-(``attnlab.ladder.default_for``: kernel 7 plus later clean-ups).
+(``attnlab.ladder.default_for``: the wgmma kernel on sm_90a, else kernel 7 plus later
+clean-ups).
 """
 
 from __future__ import annotations

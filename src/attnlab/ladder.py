@@ -25,13 +25,13 @@ A step that measured no faster (k10, k13, k14, k15) keeps its row but is not car
 forward: ``BASES`` names what each step changes. The GA104 lab's variants (``LAB_VARIANTS``)
 each change one thing of their base: kernel 7, or for ``bc128`` the lab's own
 16-rows-per-warp kernel and for ``ptxas_o1`` kernel 16. ``HOPPER_STEPS`` go on from kernel 16
-with what only sm_90 has (K/V through the TMA unit); ``named_for(arch)`` leaves them out on
-an Ampere GPU.
+with what only sm_90 has: K/V through the TMA unit, then the warpgroup-MMA kernel
+(``kernels/sm90``); ``named_for(arch)`` leaves them out where they cannot run.
 """
 
 from __future__ import annotations
 
-from attnlab.config import ConfigError, FlashConfig
+from attnlab.config import WGMMA_HEAD_DIMS, ConfigError, FlashConfig
 
 k01 = FlashConfig(
     block_m=64, block_n=64, num_warps=4, async_copy=True, swizzle="none",
@@ -92,16 +92,23 @@ LAB_BASE = "k07"
 #: "Seventh session"). Packed (varlen) calls cannot take TMA tiles and drop these knobs.
 TMA_RING: dict[str, object] = {"tma_kv_loads": True, "kv_stages": 2}
 
-#: Steps past the seeds' ladder that need sm_90, each one change to kernel 16: the load
-#: scheme of the Hopper defaults.
-HOPPER_STEPS: dict[str, FlashConfig] = {"tma_ring": k16.replace(**TMA_RING)}
+#: The Hopper kernel (``kernels/sm90/forward.py``): warpgroup MMAs fed from shared memory, a
+#: producer warp loading Q/K/V by TMA, two consumer warpgroups of 64 rows. Kernel 16's
+#: compiled-in strides do not apply (the TMA descriptors carry the strides).
+WGMMA: dict[str, object] = {"wgmma": True, "num_warps": 8, "static_strides": False,
+                            **TMA_RING}
+
+#: Steps past the seeds' ladder that need sm_90: the load scheme of the Hopper ``mma.sync``
+#: defaults (one change to kernel 16), then the warpgroup-MMA kernel on that ring.
+HOPPER_STEPS: dict[str, FlashConfig] = {"tma_ring": k16.replace(**TMA_RING),
+                                        "wgmma": k16.replace(block_n=128, **WGMMA)}
 
 #: The config each row changes (its delta in ``attnlab ladder`` is against that row).
 BASES: dict[str, str] = {
     **{f"k{i:02d}": f"k{i - 1:02d}" for i in range(2, 11)},
     "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k15": "k12", "k16": "k12",
     **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
-    "bc128": "br16", "ptxas_o1": "k16", "tma_ring": "k16",
+    "bc128": "br16", "ptxas_o1": "k16", "tma_ring": "k16", "wgmma": "tma_ring",
 }
 
 #: What each step adds, for tables and plots.
@@ -129,6 +136,7 @@ STEP_NAMES: dict[str, str] = {
     "persistent": "lab: persistent grid",
     "ptxas_o1": "lab: zero spills (k16, ptxas -O1)",
     "tma_ring": "sm_90: K/V by TMA into a 2-stage ring",
+    "wgmma": "sm_90a: warpgroup MMAs, TMA producer warp",
 }
 
 
@@ -179,14 +187,33 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 }
 
 
+#: The wgmma kernel's tile and ring depth per head dim, measured against the other candidates
+#: on an H100 (docs/ladder.md, "Ninth session"), causal and plain alike.
+SM90A_WGMMA_KNOBS: dict[int, dict[str, object]] = {
+    64: {"block_n": 256, "kv_stages": 3},
+    128: {"block_n": 128, "kv_stages": 3},
+}
+
+
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
                 dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
-    """What ``attention()`` runs without a tuned entry: kernel 7 plus the steps since that
-    measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles, kernel 16's
-    compiled-in strides (one compile per head count / layout) and, on Hopper, the knobs
-    measured best for the problem (``SM90_DEFAULT_KNOBS``; ``windowed``: causal or
-    sliding-window attention, a kernel of its own; ``dtype``: ``"bfloat16"`` or
-    ``"float16"``; ``varlen``: packed sequences, which load K/V with ``cp.async``)."""
+    """What ``attention()`` runs without a tuned entry: on sm_90a, at the head dims it serves
+    and for dense (not packed) sequences, the warpgroup-MMA kernel with the tile measured
+    best (``SM90A_WGMMA_KNOBS``); otherwise ``mma_sync_default_for``. (``windowed``: causal
+    or sliding-window attention; ``dtype``: ``"bfloat16"`` or ``"float16"``; ``varlen``:
+    packed sequences.)"""
+    if arch == "sm_90a" and head_dim in WGMMA_HEAD_DIMS and not varlen:
+        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim])
+    return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
+
+
+def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
+                         dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
+    """The best ``mma.sync`` configuration without a tuned entry: kernel 7 plus the steps
+    since that measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles,
+    kernel 16's compiled-in strides (one compile per head count / layout) and, on Hopper,
+    the knobs measured best for the problem (``SM90_DEFAULT_KNOBS``; packed sequences load
+    K/V with ``cp.async``)."""
     config = k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
     if family(arch) == "sm_90":
         knobs = SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {})

@@ -55,16 +55,20 @@ def tma_swizzle(head_dim: int):
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an MMA accumulator ``((2, 2), MMA_M, MMA_N)`` as ``(rows, cols)`` of this thread.
+    """View an MMA accumulator as ``(rows, cols)`` of this thread.
 
-    In the m16n8 accumulator, value mode ``(c, r)`` holds column pair ``c`` of row half ``r``;
-    regrouping ``(r, MMA_M)`` as rows and ``(c, MMA_N)`` as columns lets the softmax walk one
-    row at a time.
+    ``mma.sync`` m16n8: ``((2, 2), MMA_M, MMA_N)``, value mode ``(c, r)`` = column pair ``c`` of
+    row half ``r``. ``wgmma`` m64nN: ``((2, 2, N / 8), MMA_M, MMA_N)``, the same pair and half
+    and then the n8 tile. Regrouping ``(r, MMA_M)`` as rows and the rest as columns lets the
+    softmax walk one row at a time; either way a row's columns sit in the 4 lanes of a quad.
     """
     flat = cute.make_layout(acc.layout.shape)
+    value_shape, value_stride = flat.shape[0], flat.stride[0]
+    cols = ((value_shape[0], *value_shape[2:], flat.shape[2]),
+            (value_stride[0], *value_stride[2:], flat.stride[2]))
     mn = cute.make_layout(
-        ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[2])),
-        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+        ((value_shape[1], flat.shape[1]), cols[0]),
+        stride=((value_stride[1], flat.stride[1]), cols[1]),
     )
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
@@ -81,5 +85,23 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         ((divided.shape[0], divided.shape[2][0]), divided.shape[1], divided.shape[2][1]),
         stride=((divided.stride[0], divided.stride[2][0]), divided.stride[1],
                 divided.stride[2][1]),
+    )
+    return cute.make_tensor(acc.iterator, view)
+
+
+def acc_as_wgmma_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """Reuse a ``wgmma`` accumulator's registers (converted to 16 bits) as the register A
+    operand of the next ``wgmma``.
+
+    A k16 slice of the A operand holds, per thread, a column pair of two row halves in two
+    n8 tiles: ``((2, 2, N / 8), MMA_M, MMA_N)`` becomes ``((2, 2, 2), MMA_M, N / 16 * MMA_N)``
+    (the n8 tiles split as (tile in the k16 slice, slice)). As with ``mma.sync``, no value
+    moves between registers or lanes.
+    """
+    shape, stride = acc.layout.shape, acc.layout.stride
+    (c, r, tiles), (dc, dr, dt) = shape[0], stride[0]
+    view = cute.make_layout(
+        ((c, r, 2), shape[1], (tiles // 2, shape[2])),
+        stride=((dc, dr, dt), stride[1], (2 * dt, stride[2])),
     )
     return cute.make_tensor(acc.iterator, view)

@@ -49,6 +49,7 @@ from attnlab.kernels.common.layouts import (
 )
 from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
+from attnlab.kernels.common.tensors import problem_tensors
 
 #: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
 COPY_BITS = 128
@@ -124,18 +125,9 @@ class FlashForwardSm80:
         """
         D = self.head_dim
 
-        def bshd(ptr, shape, st, which):
-            row, head = cute.assume(st[1], divby=8), cute.assume(st[2], divby=8)
-            if cutlass.const_expr(self.static_strides is not None):
-                row, head = self.static_strides[which]
-            return cute.make_tensor(ptr, cute.make_layout(
-                (shape[0], shape[1], shape[2], D),
-                stride=(cute.assume(st[0], divby=8), row, head, 1)))
-
-        mQ, mO = bshd(q_ptr, q_shape, q_strides, 0), bshd(o_ptr, q_shape, o_strides, 3)
-        mK, mV = bshd(k_ptr, k_shape, k_strides, 1), bshd(v_ptr, k_shape, v_strides, 2)
-        mLSE = cute.make_tensor(lse_ptr, cute.make_layout(
-            (q_shape[0], q_shape[2], q_shape[1]), stride=(lse_strides[0], lse_strides[1], 1)))
+        mQ, mK, mV, mO, mLSE = problem_tensors(
+            q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_shape, k_shape,
+            (q_strides, k_strides, v_strides, o_strides), lse_strides, D, self.static_strides)
         mCuQ = cute.make_tensor(cu_q_ptr, cute.make_layout((num_seqs + 1,)))
         mCuK = cute.make_tensor(cu_k_ptr, cute.make_layout((num_seqs + 1,)))
         cfg = self.cfg

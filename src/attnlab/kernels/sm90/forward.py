@@ -1,0 +1,389 @@
+"""FlashAttention forward for sm_90a with warpgroup MMAs (``wgmma``), configured by ``FlashConfig``
+with ``wgmma=True``.
+
+The algorithm is the one of ``kernels/sm80/forward.py`` (online softmax over K/V tiles, P
+straight from the S registers, O normalised once); what changes is who does the work:
+
+* **Warpgroup MMAs.** A warpgroup (4 warps) issues one ``wgmma.mma_async`` for a 64 x N x 16
+  step; the tensor cores read Q and K straight from shared memory through matrix
+  descriptors, so no ``ldmatrix`` and no operand registers sit between shared memory and the
+  MMA (the register pressure that made the 32-rows-per-warp ``mma.sync`` tile spill). O += P V
+  takes P from registers: the S accumulator, converted to 16 bits, is already laid out as
+  the A operand (``layouts.acc_as_wgmma_operand_a``).
+* **Warp specialisation.** Warpgroup 0 is the producer: one warp issues every TMA copy (Q once,
+  then K_j and V_j into a ``kv_stages`` ring), each stage guarded by a "full" transaction
+  barrier the consumers wait on and an "empty" barrier they release once their MMAs have
+  read it. It gives up its registers (``setmaxnreg``) to the consumer warpgroups, which own
+  64 query rows each and run the softmax and the MMAs.
+* **Epilogue by TMA.** O is staged in Q's shared memory (each warpgroup reads only its own
+  64 rows of Q) and written by one TMA store, which also clips the rows past Sq.
+
+Masking (Sk tail, causal and sliding windows) and the mask phases of the main loop are those
+of the ``mma.sync`` kernel (``kernels/common/mask.py``). Not served: packed (varlen)
+sequences, whose tiles a TMA box would read across.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from attnlab.config import WGMMA_M, ConfigError, FlashConfig
+from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
+from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
+from attnlab.kernels.common.softmax import OnlineSoftmax
+from attnlab.kernels.common.tensors import problem_tensors
+
+#: Registers per thread after ``setmaxnreg``: the producer warpgroup gives its registers to the
+#: consumers (3 warpgroups x 128 threads share the SM's 64K).
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+#: Named barrier of the consumer warpgroups (0 is ``__syncthreads``).
+EPILOGUE_BARRIER = 1
+
+
+class FlashForwardSm90:
+    """Compile-time description of one Hopper forward kernel: a ``wgmma`` config, a head dim and
+    a dtype. Called like ``FlashForwardSm80`` (same signature, so one launch path serves
+    both)."""
+
+    def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
+                 windowed: bool = False, varlen: bool = False,
+                 static_strides: tuple | None = None):
+        if not config.wgmma:
+            raise ConfigError("FlashForwardSm90 runs wgmma configs (FlashConfig.wgmma)")
+        config.check_problem(head_dim, arch=None)
+        if varlen:
+            raise ConfigError(
+                "wgmma does not serve packed (varlen) sequences: a TMA tile past the end of one "
+                "sequence would read the next; use an mma.sync config")
+        if static_strides is not None:
+            raise ValueError("a wgmma kernel takes its strides from the TMA descriptors")
+        self.cfg = config
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.windowed = windowed
+        self.num_consumers = config.num_warps // 4
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        cu_q_ptr: cute.Pointer,
+        cu_k_ptr: cute.Pointer,
+        q_shape: tuple,
+        k_shape: tuple,
+        q_strides: tuple,
+        k_strides: tuple,
+        v_strides: tuple,
+        o_strides: tuple,
+        lse_strides: tuple,
+        num_seqs: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        window: tuple,
+        softmax_scale: cutlass.Float32,
+        persistent_ctas: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        """Build the TMA descriptors and launch (arguments as ``FlashForwardSm80``; the
+        ``cu_seqlens`` pointers and ``persistent_ctas`` are unused)."""
+        cfg, D = self.cfg, self.head_dim
+        mQ, mK, mV, mO, mLSE = problem_tensors(
+            q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_shape, k_shape,
+            (q_strides, k_strides, v_strides, o_strides), lse_strides, D)
+        tile_qk = (cfg.block_m, cfg.block_n, D)
+        tile_pv = (cfg.block_m, D, cfg.block_n)
+        major_k, major_mn = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        # One 64-row wgmma atom per consumer warpgroup, stacked along M.
+        atoms = (self.num_consumers, 1, 1)
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_k, cutlass.Float32, atoms,
+            (WGMMA_M, cfg.block_n))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_mn, cutlass.Float32, atoms, (WGMMA_M, D),
+            warpgroup.OperandSource.RMEM)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype,
+                                                  cfg.kv_stages)
+        # V is the B operand of P V with N = head dim contiguous: MN-major.
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, tile_pv, self.dtype,
+                                                  cfg.kv_stages)
+
+        # TMA views: tile modes first, then (heads, batch). V as (D, rows) for its MN-major tile.
+        def rows_first(t):
+            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+        v_view = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q = cpasync.make_tiled_tma_atom(load, rows_first(mQ), self._stage(sQ_layout),
+                                            (cfg.block_m, D))
+        tma_k = cpasync.make_tiled_tma_atom(load, rows_first(mK), self._stage(sK_layout),
+                                            (cfg.block_n, D))
+        tma_v = cpasync.make_tiled_tma_atom(load, v_view, self._stage(sV_layout),
+                                            (D, cfg.block_n))
+        tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), rows_first(mO),
+                                            self._stage(sQ_layout), (cfg.block_m, D))
+
+        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
+        num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
+        self.kernel(
+            tma_q, tma_k, tma_v, tma_o, mLSE, window[0], window[1], softmax_scale, mma_qk,
+            mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
+            mQ.shape[2] // mK.shape[2],
+        ).launch(grid=(num_m_blocks, num_seqs, q_shape[2]), block=[cfg.num_threads, 1, 1],
+                 stream=stream, min_blocks_per_mp=1)
+
+    @staticmethod
+    def _stage(staged_layout):
+        """One stage of a staged shared-memory layout (what one TMA copy fills)."""
+        return cute.slice_(staged_layout, (None, None, 0))
+
+    def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
+        """Q, the K and V rings, and the barriers: Q's, then full/empty per K and V stage."""
+
+        def tile(layout):
+            return cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], 1024]
+
+        stages = self.cfg.kv_stages
+        fields = {"sQ": tile(sQ_layout), "sK": tile(sK_layout), "sV": tile(sV_layout),
+                  "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
+                  "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+                  "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]}
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, tma_o: tuple, mLSE: cute.Tensor,
+               window_left: cutlass.Int32, window_right: cutlass.Int32,
+               softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
+               sQ_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
+               num_m_blocks: cutlass.Int32, heads_per_kv: cutlass.Int32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        m_block, batch, head = cute.arch.block_idx()
+        if cutlass.const_expr(self.windowed):
+            # Causal row blocks near the end see the most keys: start them first.
+            m_block = num_m_blocks - 1 - m_block
+        head_kv = head // heads_per_kv
+
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        # The swizzle on the pointer: the form both the TMA partition and wgmma take.
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        q_bar = storage.q_bar.data_ptr()
+        pipes = [self._kv_pipeline(storage.k_bars.data_ptr(), sK_layout),
+                 self._kv_pipeline(storage.v_bars.data_ptr(), sV_layout)]
+        if warp_idx == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        seqlen_q, seqlen_k = tma_q[1].shape[0], tma_k[1].shape[0]
+        row0 = m_block * cfg.block_m
+        n_min, n_max = kv_block_range(row0, seqlen_q, seqlen_k, window_left, window_right,
+                                      cfg.block_m, cfg.block_n, self.windowed)
+        left_end, right_start = masked_block_bounds(
+            row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
+            cfg.block_n, self.windowed)
+
+        if warp_idx // 4 == 0:
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            if warp_idx == 0:
+                self._produce(tma_q, tma_k, tma_v, sQ, sK, sV, q_bar, pipes, m_block, head,
+                              head_kv, batch, n_min, n_max)
+        else:
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            self._consume(tidx - 128, mma_qk, mma_pv, sQ, sK, sV, q_bar, pipes, tma_o, mLSE,
+                          softmax_scale, window_left, window_right, seqlen_q, seqlen_k, row0,
+                          m_block, batch, head, n_min, n_max, left_end, right_start)
+
+    def _kv_pipeline(self, barriers: cute.Pointer, staged_layout):
+        """The full/empty barriers of a K or V ring: one producer thread arms a stage for its
+        TMA bytes; one lane per consumer warp releases it."""
+        stage_bytes = cute.size_in_bytes(self.dtype, self._stage(staged_layout))
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers, num_stages=self.cfg.kv_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     self.cfg.num_warps),
+            tx_count=stage_bytes, defer_sync=True)
+
+    @cute.jit
+    def _produce(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, sQ: cute.Tensor,
+                 sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list, m_block,
+                 head, head_kv, batch, n_min, n_max):
+        """The producer warp: Q, then K_j and V_j for every block, each into the next free
+        stage of its ring (blocks in the order the consumers take them)."""
+        cfg, D = self.cfg, self.head_dim
+
+        def partition(tma, smem, tile, block_coord, h):
+            blocks = cute.local_tile(tma[1][None, None, h, batch], tile, block_coord)
+            return cpasync.tma_partition(tma[0], 0, cute.make_layout(1),
+                                         cute.group_modes(smem, 0, 2),
+                                         cute.group_modes(blocks, 0, 2))
+
+        q_smem, q_gmem = partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head)
+        k_smem, k_gmem = partition(tma_k, sK, (cfg.block_n, D), (None, 0), head_kv)
+        v_smem, v_gmem = partition(tma_v, sV, (D, cfg.block_n), (0, None), head_kv)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                q_bar, cute.size_in_bytes(self.dtype, self._stage(sQ.layout)))
+        cute.copy(tma_q[0], q_gmem[None, m_block], q_smem[None, 0], tma_bar_ptr=q_bar)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                             cfg.kv_stages)
+        for n_block in cutlass.range(n_min, n_max, unroll=1):
+            for t, (tma, smem, gmem) in enumerate(((tma_k, k_smem, k_gmem),
+                                                   (tma_v, v_smem, v_gmem))):
+                pipes[t].producer_acquire(state)
+                cute.copy(tma[0], gmem[None, n_block], smem[None, state.index],
+                          tma_bar_ptr=pipes[t].producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def _consume(self, ctidx, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor,
+                 sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list,
+                 tma_o: tuple, mLSE: cute.Tensor, softmax_scale: cutlass.Float32,
+                 window_left, window_right, seqlen_q, seqlen_k, row0, m_block, batch, head,
+                 n_min, n_max, left_end, right_start):
+        """A consumer warpgroup: its 64 rows of S = Q K^T, softmax and O += P V per block,
+        then its share of the epilogue."""
+        cfg, D = self.cfg, self.head_dim
+        thr_qk = mma_qk.get_slice(ctidx)
+        thr_pv = mma_pv.get_slice(ctidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, 0]))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((cfg.block_m, D)),
+                                      cutlass.Float32)
+        # Zero also for a CTA that sees no key (its epilogue writes this O).
+        acc_O.fill(0.0)
+        softmax = OnlineSoftmax.create(
+            cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
+            guard_empty_rows=self.windowed)
+        tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
+            (cfg.block_m, cfg.block_n))))
+
+        cute.arch.mbarrier_wait(q_bar, 0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                             cfg.kv_stages)
+        operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn,
+                    row0, seqlen_q, seqlen_k, window_left, window_right)
+        bounds = [(n_min, left_end)] if self.windowed else []
+        bounds += [(left_end, right_start), (right_start, n_max)]
+        for p in cutlass.range_constexpr(len(bounds)):
+            lo, hi = bounds[p]
+            if cutlass.const_expr(self._phase_masked(p)):
+                for n_block in cutlass.range(lo, hi, unroll=1):
+                    state = self._kv_block(n_block, state, *operands, masked=True)
+            else:
+                for n_block in cutlass.range(lo, hi, unroll=1):
+                    state = self._kv_block(n_block, state, *operands, masked=False)
+
+        lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
+        softmax.finalize(acc_O, lse_rows)
+        self._store_lse(mLSE, batch, head, row0, thr_pv, lse_rows, seqlen_q - row0)
+        self._store_o(tma_o, sQ, acc_O, mma_pv, ctidx, m_block, head, batch)
+
+    def _phase_masked(self, phase: int) -> bool:
+        """Whether main-loop phase ``phase`` runs the masked body (a method: the DSL turns
+        Python locals seen by a loop dynamic)."""
+        return ((True, False, True) if self.windowed else (False, True))[phase]
+
+    @cute.jit
+    def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
+                  tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor,
+                  softmax: OnlineSoftmax, pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q,
+                  seqlen_k, window_left, window_right, masked: cutlass.Constexpr):
+        """One K/V block of a consumer warpgroup; returns the advanced ring state."""
+        cfg = self.cfg
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        pipes[0].consumer_wait(state)
+        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+        pipes[0].consumer_release(state)
+        if cutlass.const_expr(masked):
+            apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
+                       window_left, window_right, self.windowed)
+        softmax.update(acc_S, acc_O)
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        pipes[1].consumer_wait(state)
+        self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+                   tOrV[None, None, None, state.index], zero_init=False)
+        pipes[1].consumer_release(state)
+        state.advance()
+        return state
+
+    def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
+              tCrB: cute.Tensor, zero_init: bool):
+        """``acc (+)= A @ B`` as one batch of wgmma k-steps, waited for before returning (the
+        caller then reads ``acc`` or frees B's stage)."""
+        # A fresh atom per call: its accumulate flag is runtime state, and setting it on the
+        # tiled MMA inside a loop would leave that state defined in the loop's region.
+        atom = cute.make_mma_atom(tiled_mma.op)
+        warpgroup.fence()
+        for k in range(cute.size(tCrA, mode=[2])):
+            atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _store_lse(self, mLSE: cute.Tensor, batch, head, row0, thr_pv, lse_rows,
+                   rows_left: cutlass.Int32):
+        """One lane of each quad writes the LSE of its rows."""
+        cO_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor(
+            (self.cfg.block_m, self.head_dim))))
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(cute.size(lse_rows)):
+            row = cO_mn[r, 0][0]
+            if lane % 4 == 0:
+                if row < rows_left:
+                    mLSE[batch, head, row0 + row] = lse_rows[r]
+
+    @cute.jit
+    def _store_o(self, tma_o: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
+                 mma_pv: cute.TiledMma, ctidx, m_block, head, batch):
+        """O: registers -> Q's shared memory -> one TMA store (rows past Sq are clipped).
+
+        A warpgroup overwrites only its own rows of Q, which no other warpgroup reads, and
+        only after its last QK^T MMA has completed.
+        """
+        cfg, D = self.cfg, self.head_dim
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        sO = sQ[None, None, 0]
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
+                                                         self.dtype, num_bits_per_copy=32),
+                                     mma_pv)
+        thr_r2s = r2s.get_slice(ctidx)
+        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+        # Generic-proxy writes, read next by the TMA unit (async proxy).
+        cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared,
+                              space=cute.arch.SharedSpace.shared_cta)
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=cfg.num_warps * 32)
+        if ctidx < 32:
+            blocks = cute.local_tile(tma_o[1][None, None, head, batch], (cfg.block_m, D),
+                                     (None, 0))
+            o_smem, o_gmem = cpasync.tma_partition(
+                tma_o[0], 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                cute.group_modes(blocks, 0, 2))
+            cute.copy(tma_o[0], o_smem[None, 0], o_gmem[None, m_block])
+            cute.arch.cp_async_bulk_commit_group()
+            # Shared memory must outlive the store's reads of it.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
