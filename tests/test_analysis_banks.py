@@ -22,6 +22,7 @@ from attnlab.analysis.banks import (
     row_copy_coords,
     warp_phases,
 )
+from attnlab.config import ConfigError
 
 
 def ways(layout: SmemLayout, coords, width: int) -> list[int]:
@@ -228,3 +229,10 @@ def test_from_config_instruction_counts():
     assert stats["Q cp.async (16 B)"].instructions == cfg.block_m // 16 * 2
     sync = {s.name for s in from_config(cfg.replace(async_copy=False, eager_kv_loads=False), 64)}
     assert "Q st.shared (16 B)" in sync
+
+
+def test_the_bank_model_refuses_the_wgmma_kernel():
+    """The model knows the mma.sync kernel's copies and ldmatrix only; a wgmma config (TMA
+    writes, descriptor reads) is refused instead of modelled as something it is not."""
+    with pytest.raises(ConfigError, match="wgmma"):
+        from_config(ladder.HOPPER_STEPS["wgmma"], 128)

@@ -152,7 +152,8 @@ def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
     entry tuned with it gives way to that default."""
     device = torch.device("cuda", 0)
     packed = dataclasses.replace(problem(4096), varlen=True)
-    plain = ladder.default_for("sm_90a", 128)
+    assert dispatch.default_config(device, problem(4096)).wgmma  # dense: the wgmma kernel
+    plain = ladder.mma_sync_default_for("sm_90a", 128)
     assert plain.tma_kv_loads
     assert dispatch.default_config(device, packed) == plain.replace(tma_kv_loads=False,
                                                                     kv_stages=1)
@@ -164,19 +165,19 @@ def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
 
 
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
-    """Causal and windowed calls compile the windowed kernel, whose default has its own
-    knobs (ladder.SM90_DEFAULT_KNOBS), as does each dtype."""
+    """Causal and windowed calls compile the windowed kernel, whose default is looked up
+    under its own key, as is each dtype; where the mma.sync kernel serves (hd96), the masked
+    default has its own knobs (ladder.SM90_DEFAULT_KNOBS)."""
     device = torch.device("cuda", 0)
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.default_config(device, causal)
     assert chosen == ladder.default_for("sm_90a", 128, windowed=True)
-    knobs = ladder.SM90_DEFAULT_KNOBS[(128, True, "bfloat16")]
-    assert chosen.row_sum_chains == knobs["row_sum_chains"] > 1
-    # The plain default loads K/V through the TMA ring, the causal one with cp.async.
-    assert dispatch.default_config(device, problem(4096)).tma_kv_loads
-    assert not chosen.tma_kv_loads
     fp16 = dispatch.default_config(device, problem(4096, torch.float16))
     assert fp16 == ladder.default_for("sm_90a", 128, dtype="float16") != ladder.k16
+    hd96 = dataclasses.replace(problem(4096), head_dim=96)
+    hd96_causal = dataclasses.replace(hd96, window=(-1, 0))
+    assert dispatch.default_config(device, hd96_causal).tma_kv_loads
+    assert not dispatch.default_config(device, hd96).tma_kv_loads
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()
@@ -228,7 +229,7 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
     from attnlab.tune import search
 
     default = ladder.default_for("sm_90a", 128)
-    tile = default.replace(block_n=32, row_sum_chains=1)
+    tile = ladder.mma_sync_default_for("sm_90a", 128).replace(block_n=32, row_sum_chains=1)
     rounds = []
 
     def fake_time(point, base, candidates, *, runs, on_impl=None):

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attnlab.config import FRAG_COLS, MMA_K, MMA_M, FlashConfig
+from attnlab.config import FRAG_COLS, MMA_K, MMA_M, ConfigError, FlashConfig
 
 BANKS = 32
 BANK_BYTES = 4
@@ -217,8 +217,12 @@ def from_config(config: FlashConfig, head_dim: int, elem_bytes: int = 2) -> list
 
     Q, K and V arrive by 16-byte copies (cp.async or st.shared), Q and K leave by ldmatrix, V
     by ldmatrix.trans; O goes in as 4-byte fragment stores (into Q's space) and out again as
-    16-byte reads for the global stores.
+    16-byte reads for the global stores. The ``mma.sync`` kernel only: a ``wgmma`` config is
+    refused (its tiles move by TMA and are read by the tensor cores through descriptors).
     """
+    if config.wgmma:
+        raise ConfigError("the bank model covers the mma.sync kernel's copies and ldmatrix; "
+                          "a wgmma kernel's shared memory is written by TMA and read by wgmma")
     q = layout_for(config.swizzle, config.block_m, head_dim, elem_bytes)
     kv = layout_for(config.swizzle, config.block_n, head_dim, elem_bytes)
     store = "cp.async" if config.async_copy else "st.shared"
