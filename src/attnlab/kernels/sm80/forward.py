@@ -40,6 +40,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.config import FRAG_COLS, MMA_K, ConfigError, FlashConfig
+from attnlab.kernels.common.epilogue import store_lse
 from attnlab.kernels.common.layouts import (
     acc_as_operand_a,
     acc_mn_view,
@@ -406,7 +407,8 @@ class FlashForwardSm80:
         self._wait_all_and_sync()
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        self._store_lse(mLSE, batch, head, q_start + row0, thr_mma, lse_rows, q_rows_left)
+        store_lse(mLSE, batch, head, q_start + row0, thr_mma, (cfg.block_m, D), lse_rows,
+                  q_rows_left)
         self._store_o(rows_of(mO, q_start, head), m_block, sQ, acc_O, tiled_mma, gmem_store,
                       tidx, q_rows_left)
 
@@ -660,19 +662,6 @@ class FlashForwardSm80:
             else:
                 for j in range(chunk * per_chunk, (chunk + 1) * per_chunk):
                     cute.copy(tiled_copy, src[None, j, k], dst[None, j, k])
-
-    @cute.jit
-    def _store_lse(self, mLSE: cute.Tensor, batch, head, first_row, thr_mma, lse_rows,
-                   rows_left: cutlass.Int32):
-        """One lane of each quad writes the LSE of its rows (tile rows from ``first_row``)."""
-        cO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor(
-            (self.cfg.block_m, self.head_dim))))
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(cute.size(lse_rows)):
-            row = cO_mn[r, 0][0]
-            if lane % 4 == 0:
-                if row < rows_left:
-                    mLSE[batch, head, first_row + row] = lse_rows[r]
 
     @cute.jit
     def _store_o(self, mO_rows: cute.Tensor, m_block, sQ: cute.Tensor, acc_O: cute.Tensor,

@@ -32,6 +32,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from attnlab.config import WGMMA_M, ConfigError, FlashConfig
+from attnlab.kernels.common.epilogue import store_lse
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
 from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
@@ -296,7 +297,7 @@ class FlashForwardSm90:
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        self._store_lse(mLSE, batch, head, row0, thr_pv, lse_rows, seqlen_q - row0)
+        store_lse(mLSE, batch, head, row0, thr_pv, (cfg.block_m, D), lse_rows, seqlen_q - row0)
         self._store_o(tma_o, sQ, acc_O, mma_pv, ctidx, m_block, head, batch)
 
     def _phase_masked(self, phase: int) -> bool:
@@ -342,19 +343,6 @@ class FlashForwardSm90:
             cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
-
-    @cute.jit
-    def _store_lse(self, mLSE: cute.Tensor, batch, head, row0, thr_pv, lse_rows,
-                   rows_left: cutlass.Int32):
-        """One lane of each quad writes the LSE of its rows."""
-        cO_mn = acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor(
-            (self.cfg.block_m, self.head_dim))))
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(cute.size(lse_rows)):
-            row = cO_mn[r, 0][0]
-            if lane % 4 == 0:
-                if row < rows_left:
-                    mLSE[batch, head, row0 + row] = lse_rows[r]
 
     @cute.jit
     def _store_o(self, tma_o: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
