@@ -362,7 +362,7 @@ def test_cuda_graph_capture_and_replay():
 
 # --------------------------------------------------------------------------------------------
 # The knobs of kernels 10-16 and the lab's K/V ring and persistent grid (ladder.NAMED)
-KNOBS = ("k10", "k13", "k14", "k15", "k16", "pipeline", "persistent", "ptxas_o1")
+KNOBS = ("k10", "k13", "k14", "k15", "k16", "pipeline", "persistent")
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
@@ -421,6 +421,25 @@ def test_tma_kv_loads(head_dim, knobs, window):
         pytest.skip("TMA needs sm_90")
     config = ladder.mma_sync_default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
     q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
+    check_dense(q, k, v, window=window, config=config)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("changes", [{}, {"tma_kv_loads": False, "kv_stages": 1},
+                                     {"fused_softmax": False, "peel_first_kv_block": True},
+                                     {"reverse_kv": True, "d_head_tile": 32},
+                                     {"row_sum_chains": 4, "ptxas_opt_level": 3}],
+                         ids=["ring", "cp_async", "unfused_peeled", "reverse_dtile", "chains_o3"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_interleave_softmax(head_dim, changes, window):
+    """The softmax sliced into the P V MMAs, with the knobs that meet it: the first block
+    (peeled or not), the unfused form, walks, column chunks of O; rows that see no key."""
+    if torch.cuda.get_device_capability()[0] < 9 and changes.get("tma_kv_loads", True):
+        pytest.skip("the TMA ring needs sm_90")
+    config = ladder.HOPPER_STEPS["interleave_softmax"].replace(**changes)
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim + 7)
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 8)
     check_dense(q, k, v, window=window, config=config)
 
 

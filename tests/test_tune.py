@@ -25,7 +25,8 @@ def test_search_space_is_valid_unique_and_holds_the_default():
     # Tuning can always fall back to what it started from: the default's tile is in the
     # space, and its knobs (chains, the TMA ring) are the refinement's.
     assert ladder.mma_sync_default_for("sm_90a").replace(
-        row_sum_chains=1, tma_kv_loads=False, kv_stages=1) in space
+        row_sum_chains=1, tma_kv_loads=False, kv_stages=1, interleave_softmax=False,
+        ptxas_opt_level=3) in space
     assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
     wide = search_space(wide=True)
     assert set(space) < set(wide)
@@ -37,18 +38,22 @@ def test_search_space_is_valid_unique_and_holds_the_default():
                                                       (64, True, "float16")])
 def test_knob_neighbours_cover_chains_walks_and_loads_of_one_tile(head_dim, windowed, dtype):
     """The refinement keeps the tile and varies only the row-sum chains (up to a full tree of
-    block_n / 4), the K/V walk and, on sm_90, cp.async against the TMA ring; every neighbour
-    has a name of its own (the timing key)."""
+    block_n / 4), the K/V walk and, on sm_90, cp.async against the TMA ring, with the
+    whole-tile or the sliced softmax on the ring; every neighbour has a name of its own (the
+    timing key)."""
     best = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     around = knob_neighbours(best, "sm_90a", head_dim)
     assert best in around
     chains = [c for c in ROW_SUM_CHAINS if c <= best.block_n // 4]
-    loads = {(False, 1), (True, 2)}
+    loads = {(False, 1, False), (True, 2, False), (True, 2, True)}
     assert len(around) == len(set(around)) == 2 * len(chains) * len(loads)
     assert len({c.short_name() for c in around}) == len(around)
-    assert {(c.row_sum_chains, c.reverse_kv, c.tma_kv_loads, c.kv_stages) for c in around} == {
-        (n, r, *load) for n in chains for r in (False, True) for load in loads}
-    plain = {"row_sum_chains": 1, "reverse_kv": False, "tma_kv_loads": False, "kv_stages": 1}
+    assert {(c.row_sum_chains, c.reverse_kv, c.tma_kv_loads, c.kv_stages, c.interleave_softmax)
+            for c in around} == {(n, r, *load) for n in chains for r in (False, True)
+                                 for load in loads}
+    assert all(c.ptxas_opt_level == (1 if c.interleave_softmax else 3) for c in around)
+    plain = {"row_sum_chains": 1, "reverse_kv": False, "tma_kv_loads": False, "kv_stages": 1,
+             "interleave_softmax": False, "ptxas_opt_level": 3}
     assert all(dataclasses.replace(c, **plain) == dataclasses.replace(best, **plain)
                for c in around)
     assert max(c.row_sum_chains for c in knob_neighbours(best.replace(block_n=32,
@@ -148,15 +153,16 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
 
 
 def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
-    """Packed sequences cannot take TMA tiles: the varlen default drops the TMA ring, and an
-    entry tuned with it gives way to that default."""
+    """Packed sequences cannot take TMA tiles: the varlen default drops the TMA ring (and
+    the sliced softmax, which paid only with it), and an entry tuned with it gives way to
+    that default."""
     device = torch.device("cuda", 0)
     packed = dataclasses.replace(problem(4096), varlen=True)
     assert dispatch.default_config(device, problem(4096)).wgmma  # dense: the wgmma kernel
     plain = ladder.mma_sync_default_for("sm_90a", 128)
     assert plain.tma_kv_loads
-    assert dispatch.default_config(device, packed) == plain.replace(tma_kv_loads=False,
-                                                                    kv_stages=1)
+    assert dispatch.default_config(device, packed) == plain.replace(
+        tma_kv_loads=False, kv_stages=1, interleave_softmax=False, ptxas_opt_level=3)
     fake_h200.put(KEY, plain.replace(row_sum_chains=16))
     fake_h200.save()
     dispatch.reload_tune_cache()
@@ -235,7 +241,7 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
     def fake_time(point, base, candidates, *, runs, on_impl=None):
         rounds.append(list(candidates))
         ms = {c: 1.0 - 0.01 * c.row_sum_chains - 0.05 * c.reverse_kv - 0.001 * c.tma_kv_loads
-              for c in candidates}
+              - 0.0005 * c.interleave_softmax for c in candidates}
         best = min(ms, key=ms.get)
         return search.TuneOutcome(point, base, best, ms[best], 1.5, [])
 

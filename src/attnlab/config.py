@@ -115,6 +115,13 @@ class FlashConfig:
             a producer warpgroup is added). The ``ldmatrix`` schedule knobs
             (``*_frags_per_load``, ``double_buffer_smem_to_rf``, ``row_sum_chains``) do not
             apply to it.
+        interleave_softmax: turn S into P one MMA_K slice of keys at a time, right before
+            the O += P V MMAs of that slice, instead of the whole tile before the first of
+            them: the row maxima and the O rescale come first, then each slice's exp2 and
+            conversion, so the exp2 of slice s+1 can overlap the MMAs of slice s in program
+            order. Then ptxas -O1, which keeps the source order and spills nothing, keeps
+            the overlap that only -O3's scheduler found before (docs/ladder.md, "Tenth
+            session").
     """
 
     block_m: int = 64
@@ -140,6 +147,7 @@ class FlashConfig:
     row_sum_chains: int = 1
     tma_kv_loads: bool = False
     wgmma: bool = False
+    interleave_softmax: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -233,10 +241,12 @@ class FlashConfig:
         if not self.tma_kv_loads:
             raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
         unsupported = [name for name in ("reverse_kv", "peel_first_kv_block", "d_head_tile",
-                                         "persistent", "static_strides") if getattr(self, name)]
+                                         "persistent", "static_strides", "interleave_softmax")
+                       if getattr(self, name)]
         if unsupported:
             raise ConfigError(f"wgmma does not implement {', '.join(unsupported)} (kernel 10/13/"
-                              "15/16 and the persistent grid are knobs of the mma.sync kernel)")
+                              "15/16, the persistent grid and the sliced softmax are knobs of "
+                              "the mma.sync kernel)")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -306,6 +316,8 @@ class FlashConfig:
             flags.append(f"row_sum_chains_{self.row_sum_chains}")
         if self.tma_kv_loads:
             flags.append("tma_kv")
+        if self.interleave_softmax:
+            flags.append("interleave_softmax")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from attnlab.config import ConfigError, FlashConfig
-from attnlab.ladder import TMA_RING, family
+from attnlab.ladder import INTERLEAVED_SOFTMAX, TMA_RING, family
 
 
 def search_space(wide: bool = False) -> list[FlashConfig]:
@@ -41,16 +41,18 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
                     head_dim: int | None = None) -> list[FlashConfig]:
     """``config`` with each row-sum chain count, each K/V walk direction (kernel 13) and, on
     sm_90, each way of loading K/V: ``cp.async`` eagerly, or the TMA ring (``TMA_RING``)
-    where its second stage fits in shared memory at ``head_dim``.
+    where its second stage fits in shared memory at ``head_dim``, with the whole-tile or the
+    sliced softmax (``INTERLEAVED_SOFTMAX``, at ptxas -O1).
 
     These knobs change no tile and no occupancy (the ring's second stage aside), only how
     ptxas schedules and allocates the loop, and their best value moved with the head dim,
     dtype and mask on an H200 (docs/ladder.md): they are timed around the best tile, not
     pruned statically.
     """
-    loads = [{"tma_kv_loads": False, "kv_stages": 1}]
+    whole_tile = {"interleave_softmax": False, "ptxas_opt_level": 3}
+    loads = [{"tma_kv_loads": False, "kv_stages": 1, **whole_tile}]
     if family(arch) == "sm_90":
-        loads.append(TMA_RING)
+        loads += [{**TMA_RING, **whole_tile}, {**TMA_RING, **INTERLEAVED_SOFTMAX}]
     chains = [c for c in ROW_SUM_CHAINS if c <= config.block_n // 4]
     around = []
     for load, c, r in itertools.product(loads, chains, (False, True)):

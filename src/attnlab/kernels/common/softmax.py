@@ -10,6 +10,10 @@ to the end (the sum is linear), the max is reduced every tile (it decides the ex
 * fused (the official implementation's trick): keep the raw max and evaluate
   ``exp2(s * scale_log2 - m * scale_log2)``; the per-row product is hoisted, leaving one FFMA +
   MUFU.EX2 per element. Requires ``scale > 0`` (the raw max is the max of the scaled row).
+
+``update`` does a whole tile at once. ``rescale`` + ``exponentiate`` are the same step in two
+halves, so a kernel can exponentiate one slice of columns at a time between other work
+(``FlashConfig.interleave_softmax``).
 """
 
 
@@ -83,32 +87,16 @@ class OnlineSoftmax:
         s_mn = acc_mn_view(acc_s)
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            row = s_mn[r, None].load()
-            if cutlass.const_expr(not self.fused):
-                row = row * self.scale
-            tile_max = quad_allreduce(
-                row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax
-            )
+            row = self._scores(s_mn[r, None].load())
             m_old = self.row_max[r]
-            m_new = tile_max if first else cute.arch.fmax(m_old, tile_max)
-            # A row with every key masked so far: subtract 0, not -inf (exp2(-inf + inf) = NaN).
-            m_exp = m_new
-            if cutlass.const_expr(self.guard_empty_rows):
-                m_exp = cutlass.Float32(0.0) if m_new == -cutlass.Float32.inf else m_new
-            if cutlass.const_expr(self.fused):
-                max_scaled = m_exp * self.scale_log2
-                p = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
-                correction = cute.math.exp2(m_old * self.scale_log2 - max_scaled, fastmath=True)
-            else:
-                p = cute.math.exp2((row - m_exp) * LOG2_E, fastmath=True)
-                correction = cute.math.exp2((m_old - m_exp) * LOG2_E, fastmath=True)
+            m_new = self._new_max(row, m_old, first)
+            m_exp = self._exponent_max(m_new)
+            p = self._exp(row, m_exp)
+            correction = self._exp(m_old, m_exp)
             self.row_max[r] = m_new
             s_mn[r, None] = p
             if cutlass.const_expr(self.sum_chains > 1):
-                terms = []
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    terms.append(s_mn[r, c])
-                tile_sum = chained_sum(terms, self.sum_chains)
+                tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
             else:
                 # The ladder rows were measured (and their SASS recorded) with this chain.
                 tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
@@ -117,6 +105,67 @@ class OnlineSoftmax:
             else:
                 self.row_sum[r] = self.row_sum[r] * correction + tile_sum
                 o_mn[r, None] = o_mn[r, None].load() * correction
+
+    @cute.jit
+    def rescale(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
+        """``update`` split in two (``interleave_softmax``), first half: the new row maxima
+        from the raw S tile, and O and the row sums rescaled to them. ``exponentiate`` then
+        turns S into P a few columns at a time."""
+        s_mn = acc_mn_view(acc_s)
+        o_mn = acc_mn_view(acc_o)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            m_old = self.row_max[r]
+            m_new = self._new_max(self._scores(s_mn[r, None].load()), m_old, first)
+            self.row_max[r] = m_new
+            if cutlass.const_expr(first):
+                self.row_sum[r] = cutlass.Float32(0.0)
+            else:
+                correction = self._exp(m_old, self._exponent_max(m_new))
+                self.row_sum[r] = self.row_sum[r] * correction
+                o_mn[r, None] = o_mn[r, None].load() * correction
+
+    @cute.jit
+    def exponentiate(self, acc_s: cute.Tensor, col0: cutlass.Constexpr,
+                     cols: cutlass.Constexpr):
+        """The second half: P in place of S for columns ``col0 .. col0 + cols`` of this
+        thread's rows (after ``rescale``), their sums added to the row sums."""
+        s_mn = acc_mn_view(acc_s)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            m_exp = self._exponent_max(self.row_max[r])
+            for c in cutlass.range_constexpr(col0, col0 + cols):
+                s_mn[r, c] = self._exp(self._scores(s_mn[r, c]), m_exp)
+            self.row_sum[r] = self.row_sum[r] + self._sum(s_mn, r, col0, cols)
+
+    def _scores(self, x):
+        """S as the exponent takes it: raw (fused form) or scaled by its own FMUL."""
+        return x if self.fused else x * self.scale
+
+    @cute.jit
+    def _new_max(self, row, m_old, first: cutlass.Constexpr):
+        tile_max = quad_allreduce(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                  cute.arch.fmax)
+        return tile_max if first else cute.arch.fmax(m_old, tile_max)
+
+    @cute.jit
+    def _exponent_max(self, m_new):
+        """The max subtracted in the exponent. A row with every key masked so far subtracts
+        0, not -inf (exp2(-inf + inf) = NaN)."""
+        m_exp = m_new
+        if cutlass.const_expr(self.guard_empty_rows):
+            m_exp = cutlass.Float32(0.0) if m_new == -cutlass.Float32.inf else m_new
+        return m_exp
+
+    def _exp(self, x, m_exp):
+        """exp(x - m) in the softmax's form: one FFMA into exp2 with the scale folded in
+        (fused), or FADD + FMUL into exp2 on scaled scores."""
+        if cutlass.const_expr(self.fused):
+            return cute.math.exp2(x * self.scale_log2 - m_exp * self.scale_log2,
+                                  fastmath=True)
+        return cute.math.exp2((x - m_exp) * LOG2_E, fastmath=True)
+
+    def _sum(self, s_mn: cute.Tensor, r: int, col0: int, cols: int):
+        terms = [s_mn[r, c] for c in range(col0, col0 + cols)]
+        return chained_sum(terms, self.sum_chains)
 
     @cute.jit
     def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor):

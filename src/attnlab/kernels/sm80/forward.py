@@ -16,6 +16,10 @@ Every knob of the seeds' kernels 1-7 is a compile-time branch of this one kernel
   MMAs in each GEMM (``_gemm``); ``d_head_tile`` (kernel 15) also splits each V sub-tile of
   O += P V into column chunks of the head dim.
 * ``fused_softmax``: see ``kernels/common/softmax.py``.
+* ``interleave_softmax``: the softmax rescales O for the tile's row maxima, then turns S into
+  P one MMA_K slice of keys at a time inside O += P V (``_p_slice`` before each k-block's
+  MMAs), so the exp2s of a slice sit between the MMAs of the slices before it in program
+  order.
 * ``tma_kv_loads`` (sm_90): each K/V tile is one TMA bulk-tensor copy issued by warp 0 and
   counted on an mbarrier of its stage, instead of a cp.async per thread and 16 bytes; the
   block barrier stays (it frees a stage for the next copy).
@@ -486,16 +490,23 @@ class FlashForwardSm80:
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
                        window_left, window_right, self.windowed)
-        softmax.update(acc_S, acc_O, first=first)
+        if cutlass.const_expr(cfg.interleave_softmax):
+            softmax.rescale(acc_S, acc_O, first=first)
+        else:
+            softmax.update(acc_S, acc_O, first=first)
         if cutlass.const_expr(first):
             # O is still empty: a zero accumulator right before the MMAs becomes C = RZ.
             acc_O.fill(0.0)
 
         # O += P V_j, with P converted in registers to the input dtype.
         rP = cute.make_fragment_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
+        p_slices = None
+        if cutlass.const_expr(cfg.interleave_softmax):
+            p_slices = (softmax, acc_S, rP)
+        else:
+            rP.store(acc_S.load().to(self.dtype))
         self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
-                   cfg.v_frags_per_load, self.v_chunks)
+                   cfg.v_frags_per_load, self.v_chunks, p_slices)
 
     @cute.jit
     def _tma_partitions(self, kv_tma: tuple, bars: cute.Pointer, sK: cute.Tensor,
@@ -605,7 +616,7 @@ class FlashForwardSm80:
 
     def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
               tCrB: cute.Tensor, load_a, load_b, a_frags: cutlass.Constexpr,
-              b_frags: cutlass.Constexpr, b_chunks: cutlass.Constexpr = 1):
+              b_frags: cutlass.Constexpr, b_chunks: cutlass.Constexpr = 1, p_slices=None):
         """``acc += A @ B`` over the k-blocks (MMA_K = 16 columns) of the reduction dimension.
 
         ``load_a``/``load_b`` are ``(tiled_copy, smem_view, reg_view)`` for an operand that has
@@ -641,6 +652,8 @@ class FlashForwardSm80:
                         nxt = units.index((k, c)) + (1 if ahead else 0)
                         if nxt < len(units):
                             self._load_ksteps(spec, units[nxt], step, chunks)
+                if cutlass.const_expr(p_slices is not None and c == 0):
+                    self._p_slice(*p_slices, k)
                 if cutlass.const_expr(b_chunks == 1):
                     cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
                 else:
@@ -649,6 +662,14 @@ class FlashForwardSm80:
                     acc_c = cute.logical_divide(acc, (None, None, atoms))[None, None, (None, c)]
                     tCrB_c = cute.logical_divide(tCrB, (None, atoms))[None, (None, c), k]
                     cute.gemm(tiled_mma, acc_c, tCrA[None, None, k], tCrB_c, acc_c)
+
+    def _p_slice(self, softmax: OnlineSoftmax, acc_S: cute.Tensor, rP: cute.Tensor, k: int):
+        """P for k-block ``k`` of O += P V (``interleave_softmax``): exp2 of its S columns
+        (two n8 tiles, two columns each per thread), converted to the input dtype."""
+        tiles = MMA_K // FRAG_COLS
+        softmax.exponentiate(acc_S, 2 * tiles * k, 2 * tiles)
+        for n in range(tiles * k, tiles * (k + 1)):
+            rP[None, None, n].store(acc_S[None, None, n].load().to(self.dtype))
 
     def _load_ksteps(self, spec, unit: tuple[int, int], count: int, chunks: int):
         """ldmatrix ``count`` k-blocks from ``unit`` = (first k-block, column chunk of
