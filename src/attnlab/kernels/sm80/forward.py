@@ -629,6 +629,9 @@ class FlashForwardSm80:
         column chunks, loaded one after the other: a B sub-tile in registers is one chunk
         wide. The MMAs still walk k-block by k-block (all chunks of one k-block, then the
         next), so each k-block keeps every accumulator independent of the others.
+
+        ``p_slices`` = (softmax, S accumulator, P fragment) makes A = P one k-block at a
+        time, right before that k-block's MMAs (``interleave_softmax``).
         """
         if b_chunks > 1 and load_a is not None:
             raise ValueError("column chunks of B need A in registers (it is not reloaded)")
