@@ -1,37 +1,32 @@
 #!/usr/bin/env bash
-# One call on a GPU machine. Usage (repo root, CuTe DSL wheel carried in .whl/):
-#   bash scripts/device_run.sh measure   # GPU tests, ladder, bench (full+causal, MHA and GQA), tune
-#   bash scripts/device_run.sh explain   # attnlab profile (ncu) and roofline
-#   bash scripts/device_run.sh knobs     # GPU tests of the ladder and the knob configs only
-#   bash scripts/device_run.sh ladder    # attnlab ladder, bf16 and fp16 (k01..k16, lab variants)
+# One call on a GPU machine; the CuTe DSL release and the peers' wheels come with
+# ../shared/scripts/dsl-wheels (run 1 carries .dsl-a: `bash .dsl-a/env.sh`; run 2 carries .dsl-b
+# and starts with `. .dsl-b/env.sh && bash scripts/device_run.sh MODE`; while the machine stays
+# warm, later runs start with `. .dsl-b/env.sh &&` and carry nothing).
+#   test     compile this GPU's defaults into the kernel cache, then the GPU tests
+#   bench    the host section (us per call, first calls) and the end-to-end bench grid
+#   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
+#   explain  attnlab profile (ncu) and roofline
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
-mode=${1:-measure}
+mode=${1:-test}
 OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:$PWD/src
-fi
-export PYTHONUNBUFFERED=1 COLUMNS=150
+export PYTHONUNBUFFERED=1 COLUMNS=160
 export ATTNLAB_TUNE_CACHE=$OUT/tune_cache.json
+# One kernel cache for the whole machine: pytest workers and benches share what one compiled.
+export ATTNLAB_CACHE_DIR=${ATTNLAB_CACHE_DIR:-/tmp/attnlab-kernels}
 log=$OUT/run.log
 attnlab() { python3 -m attnlab "$@" 2>&1 | tee -a "$log"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
 case $mode in
-  measure)
-    # Compile-bound: 12 workers (pytest-xdist, on the GPU machine) run it in ~2.5 min.
-    python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 2>&1 | tee -a "$log" | tail -3
-    attnlab ladder --out "$OUT"
-    attnlab bench --out "$OUT"
-    attnlab bench --gqa 4 --dtypes bf16 --out "$OUT/gqa"
-    attnlab tune --seqlens 4096 --max-timed 16
-    # attention() now dispatches to the tuned entry: bench it again (outputs not kept).
-    attnlab bench --quick --impls attnlab --out /tmp/after_tune
+  test)
+    attnlab cache --warm --jobs 16
+    python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 2>&1 | tee -a "$log" | tail -15
     ;;
-  knobs)
-    python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/test_features_gpu.py \
-      -k "knob or tiles or static or carveout or every_ladder or d_head_tile or row_sum" 2>&1 | tee -a "$log" | tail -5
+  bench)
+    attnlab bench --host --out "$OUT"
+    attnlab bench --seqlens 512,1024,2048,4096,16384 --out "$OUT"
     ;;
   ladder)
     attnlab ladder --out "$OUT"
@@ -41,5 +36,5 @@ case $mode in
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
     ;;
-  *) echo "unknown mode $mode (measure|explain|knobs|ladder)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|ladder|explain)"; exit 2 ;;
 esac

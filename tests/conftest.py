@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
-import sys
-import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
 
 import attnlab
-from attnlab import api, reference, validation
+from attnlab import api, device, dispatch, kernel_cache, reference, validation
+from attnlab.device import DeviceInfo
+from attnlab.kernel_cache import CompiledKernel
+from attnlab.kernels.abi import UNBOUNDED_SIDE, ForwardSpec
 
 MakeQKV = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -94,71 +95,66 @@ def make_varlen() -> Callable[..., tuple]:
 
 # --------------------------------------------------------------------------------------------
 class Recorder:
-    """Stand-in for attnlab.dispatch and attnlab.runtime; the launch writes reference results.
-
-    ``launch_forward`` has the real one's signature, the varlen and window arguments keyword
-    only, so a call that passes them positionally fails here as it would break there.
+    """Stand-in for the GPU under ``attnlab.runtime``: the device, the config choice and the
+    kernel cache. Its "kernel" takes the launch ABI's arguments (``kernels.abi.ForwardArgs``),
+    records them and writes the reference's results, so everything above the compiled
+    function (validation, memoised calls, specs, argument encoding) runs for real on CPU.
     """
+
+    gpu = DeviceInfo(0, "stand-in GPU", (8, 6), "sm_86", 48, 4 << 20)
 
     def __init__(self, default: attnlab.FlashConfig) -> None:
         self.default = default
         self.problems: list[validation.Problem] = []
         self.launches: list[dict[str, object]] = []
+        self.specs: list[ForwardSpec] = []
 
-    def arch_of(self, device: torch.device) -> str:
-        return "sm_86"
+    def device_info(self, device: object = None) -> DeviceInfo:
+        return self.gpu
 
-    def default_config(self, device: torch.device, problem: validation.Problem
-                       ) -> attnlab.FlashConfig:
+    def config_for(self, gpu: DeviceInfo, problem: validation.Problem) -> attnlab.FlashConfig:
         self.problems.append(problem)
         return self.default
 
-    def launch_forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        softmax_scale: float,
-        config: attnlab.FlashConfig,
-        *,
-        window: tuple[int, int] = (-1, -1),
-        cu_seqlens_q: torch.Tensor | None = None,
-        cu_seqlens_k: torch.Tensor | None = None,
-        max_seqlen_q: int | None = None,
-        max_seqlen_k: int | None = None,
-    ) -> None:
+    def kernel(self, spec: ForwardSpec) -> CompiledKernel:
+        self.specs.append(spec)
+        return CompiledKernel(functools.partial(self._launch, spec), spec, 128, None)
+
+    def _launch(self, spec: ForwardSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor, lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
+                cu_seqlens_k: torch.Tensor | None, softmax_scale: float, left: int,
+                right: int, max_seqlen_q: int, num_ctas: int | None) -> None:
+        # The ABI's window back in flash_attn's convention (-1: unbounded).
+        window = tuple(-1 if side == UNBOUNDED_SIDE else side for side in (left, right))
         self.launches.append(
-            dict(q=q, k=k, v=v, out=out, lse=lse, softmax_scale=softmax_scale, config=config,
-                 window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+            dict(q=q, k=k, v=v, out=out, lse=lse, softmax_scale=softmax_scale,
+                 config=spec.config, window=window, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, spec=spec)
         )
         options = dict(softmax_scale=softmax_scale, window_size=window, return_lse=True)
         if cu_seqlens_q is None:
             want_out, want_lse = reference.attention(q, k, v, **options)
         else:
             want_out, want_lse = reference.attention_varlen(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, k.shape[0], **options
             )
         out.copy_(want_out)
-        lse.copy_(want_lse)
+        if lse is not None:
+            lse.copy_(want_lse)
 
 
 @pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Replace dispatch and runtime by a Recorder; let CPU tensors stand in for CUDA ones."""
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+    """Replace the device, the config choice and the kernel cache by a Recorder; let CPU
+    tensors stand in for CUDA ones."""
     rec = Recorder(default=attnlab.FlashConfig(block_m=128, block_n=32))
-    dispatch = types.ModuleType("attnlab.dispatch")
-    dispatch.arch_of = rec.arch_of
-    dispatch.default_config = rec.default_config
-    runtime = types.ModuleType("attnlab.runtime")
-    runtime.launch_forward = rec.launch_forward
-    for name, module in (("dispatch", dispatch), ("runtime", runtime)):
-        monkeypatch.setitem(sys.modules, f"attnlab.{name}", module)
-        monkeypatch.setattr(attnlab, name, module, raising=False)
+    monkeypatch.setattr(device, "info", rec.device_info)
+    monkeypatch.setattr(dispatch, "config_for", rec.config_for)
+    monkeypatch.setattr(kernel_cache, "get", rec.kernel)
     # Every input rule but the device one still applies.
     for name in ("check_inputs", "check_varlen_inputs"):
         check = functools.partial(getattr(validation, name), require_cuda=False)
         monkeypatch.setattr(api, name, check)
-    return rec
+    api.forget_calls()
+    yield rec
+    api.forget_calls()

@@ -199,7 +199,8 @@ def test_varlen_reaches_the_launch(make_varlen, recorder: Recorder) -> None:
     assert (problem.num_heads, problem.num_heads_kv, problem.varlen) == (4, 2, True)
     (launch,) = recorder.launches
     assert launch["cu_seqlens_q"] is cu_q and launch["cu_seqlens_k"] is cu_k
-    assert (launch["max_seqlen_q"], launch["max_seqlen_k"]) == (7, 9)
+    # The grid is sized by max_seqlen_q; key lengths come from cu_seqlens_k in the kernel.
+    assert launch["max_seqlen_q"] == 7
     assert launch["window"] == (-1, 0) and launch["softmax_scale"] == 0.2
     assert launch["out"] is out and launch["lse"] is lse
     assert out.shape == (17, 4, 64) and out.dtype == torch.float16
@@ -215,7 +216,7 @@ def test_varlen_dense_launch_gets_no_varlen_arguments(make_qkv, recorder: Record
     attnlab.attention(*make_qkv())
     (launch,) = recorder.launches
     assert launch["cu_seqlens_q"] is launch["cu_seqlens_k"] is None
-    assert launch["max_seqlen_q"] is launch["max_seqlen_k"] is None
+    assert launch["max_seqlen_q"] == launch["q"].shape[1]  # dense: Sq sizes the grid
     assert launch["window"] == (-1, -1)
 
 
@@ -279,11 +280,12 @@ def test_public_names() -> None:
 
 
 def test_import_does_not_load_the_dsl() -> None:
-    # Only cutlass itself: torch may import the cuda-python bindings on its own.
+    # Only cutlass itself: torch may import the cuda-python bindings on its own. The launch
+    # path (runtime, kernel cache) loads without it: a kernel from the disk cache needs none.
     code = (
         "import sys, attnlab; "
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'cutlass' "
-        "or m in ('attnlab.dispatch', 'attnlab.runtime', 'attnlab.compile', 'attnlab.ladder')); "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'tvm_ffi') "
+        "or m in ('attnlab.compile', 'attnlab.jit') or m.startswith('attnlab.kernels.sm')); "
         "print(heavy)"
     )
     result = subprocess.run(
@@ -302,3 +304,80 @@ def test_compile_config_and_ladder_load_on_first_access(monkeypatch: pytest.Monk
         monkeypatch.delattr(attnlab, "ladder")
     assert attnlab.compile_config is compile_module.compile_config
     assert attnlab.ladder is ladder
+
+
+# --------------------------------------------------------------------------------------------
+# The eager fast path: one validation per call signature
+def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    check = api.check_inputs
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(api, "check_inputs", counting)
+    return calls
+
+
+def test_a_call_signature_is_validated_once(make_qkv, recorder, monkeypatch) -> None:
+    calls = _count_validations(monkeypatch)
+    q, k, v = make_qkv(2, 12, 20, 3, 64, seed=8)
+    for _ in range(3):
+        attnlab.attention(q, k, v, causal=True)
+    assert len(calls) == 1 and len(recorder.problems) == 1 and len(recorder.launches) == 3
+    # Other tensors with the same metadata share the signature; new values of any option,
+    # shape or layout do not.
+    attnlab.attention(*make_qkv(2, 12, 20, 3, 64, seed=9), causal=True)
+    assert len(calls) == 1
+    attnlab.attention(q, k, v)
+    attnlab.attention(q, k, v, causal=True, return_lse=True)
+    attnlab.attention(q[:, :6], k, v, causal=True)
+    attnlab.attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, causal=True)
+    assert len(calls) == 5
+
+
+def test_an_unhashable_option_takes_the_slow_path_every_time(make_qkv, recorder,
+                                                             monkeypatch) -> None:
+    calls = _count_validations(monkeypatch)
+    q, k, v = make_qkv(1, 8, 8, 2, 64, seed=10)
+    for _ in range(2):
+        out = attnlab.attention(q, k, v, window_size=[3, 0])  # a list: valid, not hashable
+    assert len(calls) == 2 and recorder.launches[-1]["window"] == (3, 0)
+    torch.testing.assert_close(out.float(), reference.attention(q, k, v, window_size=(3, 0)),
+                               atol=1e-3, rtol=1e-3)
+
+
+def test_a_refusal_carries_no_lookup_context(make_qkv, recorder) -> None:
+    """The memo miss must not show in the error a user reads."""
+    q, k, v = make_qkv()
+    with pytest.raises(TypeError) as info:
+        attnlab.attention(q.float(), k, v)
+    assert info.value.__context__ is None
+    with pytest.raises(TypeError, match="must be a torch.Tensor") as info:
+        attnlab.attention(q.numpy(), k, v)
+    assert info.value.__context__ is None
+
+
+def test_a_misaligned_tensor_is_refused_on_a_known_signature(recorder) -> None:
+    """Addresses are checked on every call: a view 8 bytes off has the metadata of an
+    aligned tensor whose signature is already known."""
+    storage = torch.randn(2 * 16 * 2 * 64 + 4, dtype=torch.float16)
+    aligned = storage[:-4].view(2, 16, 2, 64)
+    shifted = storage[4:].view(2, 16, 2, 64)
+    attnlab.attention(aligned, aligned, aligned)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        attnlab.attention(shifted, aligned, aligned)
+    assert len(recorder.launches) == 1
+
+
+def test_the_ops_launch_is_remembered_per_signature(make_qkv, recorder) -> None:
+    """``runtime.forward`` (the custom ops' body) chooses the config once per signature."""
+    from attnlab import runtime
+
+    q, k, v = make_qkv(1, 8, 8, 2, 64, seed=11)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 8)
+    for _ in range(2):
+        runtime.forward(q, k, v, out, lse, None, None, None, None, 0.125, (-1, -1), None)
+    assert len(recorder.problems) == 1 and len(recorder.launches) == 2
+    assert recorder.launches[0]["lse"] is lse

@@ -115,17 +115,43 @@ def test_measure_point_times_round_robin():
     point = Point(1, 128, 128, 1, 64)
     results = measure_point(point, impls, runs=4, warmup=1, sets=sets, clock=clock,
                             on_impl=finished.append)
-    # First calls; a first timing attempt that "flaky" ends; then a, b again: one warm-up
-    # round and 4 timed rounds, alternating direction.
+    # First calls; a first device-only attempt that "flaky" ends; then a, b again: one
+    # warm-up round and 4 timed rounds, alternating direction; then the end-to-end rounds the
+    # same way (one call per span: each fake call lasts far longer than a span needs).
+    timed_rounds = ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert log == (["a", "flaky", "b"] + ["a", "flaky", "b"] + ["a", "flaky"]
-                   + ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"])
+                   + timed_rounds + timed_rounds)
     by_name = {r.impl: r for r in results}
     assert [r.impl for r in results] == ["a", "broken", "flaky", "b"]
     assert "no kernel" in by_name["broken"].error and by_name["broken"].timing is None
     assert "lost the device" in by_name["flaky"].error and by_name["flaky"].timing is None
-    assert by_name["a"].timing.runs == by_name["b"].timing.runs == 4
-    assert by_name["a"].timing.median_ms == by_name["b"].timing.median_ms
+    for timing in ("timing", "device_timing"):
+        a, b = getattr(by_name["a"], timing), getattr(by_name["b"], timing)
+        assert a.runs == b.runs == 4
+        assert a.median_ms == b.median_ms
+    # The end-to-end calls came after the device-only ones: longer, on the slowing clock.
+    assert by_name["a"].timing.median_ms > by_name["a"].device_timing.median_ms
     assert sorted(finished) == ["a", "b", "broken", "flaky"]
+
+
+def test_back_to_back_spans_divide_by_their_calls_and_drain_first():
+    """End to end: each span holds its calls back to back, with the device drained before
+    it (nothing queued earlier may hide the host side), and reports ms per call."""
+    from attnlab.bench.timing import calls_per_span, sample_back_to_back
+
+    clock = FakeClock([1.0] * 2 + [0.5] * 12)
+    seen = []
+
+    def fn(i):
+        seen.append(i)
+        clock.advance()
+
+    samples = sample_back_to_back({"f": fn}, calls={"f": 4}, rounds=3, warmup=2,
+                                  rotations=3, clock=clock)
+    assert samples == {"f": [0.5, 0.5, 0.5]}
+    assert seen == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1]
+    assert clock.waits == 6  # before and after each span
+    assert calls_per_span(0.01) == 50 and calls_per_span(0.5) == 4 and calls_per_span(9) == 1
 
 
 @pytest.mark.parametrize("runs,warmup,rotations", [(0, 1, 1), (5, -1, 1), (5, 1, 0)])
@@ -178,7 +204,9 @@ def fake_results(speed: dict[str, dict[int, float]]) -> list[Result]:
         for seqlen, s in per_seq.items():
             point = Point(16384 // seqlen, seqlen, seqlen, 16, 128)
             ms = 1.0 / s
-            results.append(Result(point, impl, Timing(ms, ms * 0.9, ms * 1.2, 30)))
+            # End to end: the device time plus 10 % of host time.
+            results.append(Result(point, impl, Timing(1.1 * ms, ms, ms * 1.3, 30),
+                                  device_timing=Timing(ms, ms * 0.9, ms * 1.2, 30)))
     return results
 
 
@@ -214,7 +242,8 @@ def test_tables_show_tflops_and_ratios():
     assert "k02" in text and "0.800x" in text and "0.250x" in text
     rows = ladder_rows(results, {"k01": "base", "k02": "swizzling"})
     ref = reference_tflops(results)
-    assert ref == pytest.approx(Point(4, 4096, 4096, 16, 128).flops / 1e-3 / 1e12)
+    # End to end: the fake results' 1.1 ms per call at speed 1.
+    assert ref == pytest.approx(Point(4, 4096, 4096, 16, 128).flops / 1.1e-3 / 1e12)
     text = render(ladder_table(rows, ref, "t"))
     assert "80.0%" in text and "+55.0" in text and f"{ref:.1f}" in text
 
@@ -232,14 +261,30 @@ def test_json_round_trip_and_schema(tmp_path):
     rows = ladder_rows(results, {"k01": "base"})
     path = write_json(tmp_path / "x.json", "ladder", results, rows=rows)
     payload = json.loads(path.read_text())
-    assert payload["schema"] == 1 and payload["kind"] == "ladder"
+    assert payload["schema"] == 2 and payload["kind"] == "ladder"
     assert payload["reference"] == REFERENCE
     assert {"torch", "python", "cutlass_dsl"} <= set(payload["environment"])
     first = payload["results"][0]
-    assert set(first) == {"point", "impl", "timing", "tflops", "error"}
+    assert set(first) == {"point", "impl", "timing", "tflops", "error", "device_timing",
+                          "device_tflops"}
     assert set(first["timing"]) == {"median_ms", "min_ms", "max_ms", "runs"}
+    assert first["device_tflops"] > first["tflops"]
     assert payload["rows"][0]["name"] == "k01"
     assert load_results(path) == results
+
+
+def test_schema_1_files_load_as_device_only(tmp_path):
+    """Before schema 2 the one timing was device only (queued behind a device hold)."""
+    results = fake_results(SPEEDS)
+    payload = json.loads(write_json(tmp_path / "x.json", "bench", results).read_text())
+    payload["schema"] = 1
+    for r in payload["results"]:
+        r["timing"] = r.pop("device_timing")
+        del r["device_tflops"]
+    (tmp_path / "old.json").write_text(json.dumps(payload))
+    loaded = load_results(tmp_path / "old.json")
+    assert [r.device_timing for r in loaded] == [r.device_timing for r in results]
+    assert all(r.timing is None for r in loaded)
 
 
 def test_load_rejects_other_schemas(tmp_path):
@@ -265,46 +310,39 @@ def test_ladder_rows_variant_delta_is_against_its_base():
     assert rows[2].delta_pct == pytest.approx(70.0 - 25.0)
 
 
-def test_attnlab_impl_outputs_follow_the_input_shape(recorder):
-    """A new point's inputs can sit where a freed set was: its outputs must still fit it."""
+def test_attnlab_impl_is_attention_as_a_user_calls_it(recorder):
+    """The benchmarked call allocates its output (as an eager caller's does), takes the
+    config, and turns causal into the causal window."""
     import torch
 
     from attnlab.bench.runner import attnlab_impl
     from attnlab.config import FlashConfig
 
-    run = attnlab_impl(FlashConfig())
-    storage = torch.randn(4 * 64 * 2 * 32)
-    for batch, seqlen in ((4, 64), (1, 256)):
+    config = FlashConfig(block_n=32)
+    run = attnlab_impl(config)
+    storage = torch.randn(4 * 64 * 2 * 32, dtype=torch.float16)
+    outputs = []
+    for batch, seqlen, causal in ((4, 64, False), (1, 256, True), (1, 256, True)):
         q = storage.view(batch, seqlen, 2, 32)
-        run(q, q, q, 0.25, False)
+        outputs.append(run(q, q, q, 0.25, causal))
         launch = recorder.launches[-1]
-        assert launch["out"].shape == q.shape
-        assert launch["lse"].shape == (batch, 2, seqlen)
+        assert launch["out"] is outputs[-1] and outputs[-1].shape == q.shape
+        assert launch["lse"] is None  # no LSE asked for: none written
+        assert launch["config"] is config and launch["softmax_scale"] == 0.25
+        assert launch["window"] == ((-1, 0) if causal else (-1, -1))
+    assert outputs[1] is not outputs[2]
 
 
-def test_dispatched_impl_picks_a_config_per_mask_variant(recorder, monkeypatch):
-    """A causal point gets the windowed kernel's default, not the one cached for plain."""
+def test_dispatched_impl_chooses_once_per_call_signature(recorder):
+    """Without a config the call's signature (mask included) picks the config once: a
+    causal point gets the masked problem, repeated calls reuse the choice."""
     import torch
 
-    from attnlab import dispatch, validation
-    from attnlab.bench.runner import dispatched_impl
-    from attnlab.config import FlashConfig
+    from attnlab.bench.runner import attnlab_impl
 
-    def problem(q, k, v, *, causal=False):
-        return validation.Problem(*q.shape[:2], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
-                                  q.dtype, 0.25, (-1, 0) if causal else (-1, -1))
-
-    windows = []
-
-    def default_config(device, prob):
-        windows.append(prob.window)
-        return FlashConfig(row_sum_chains=1 + len(windows))
-
-    monkeypatch.setattr(validation, "check_inputs", problem)
-    monkeypatch.setattr(dispatch, "default_config", default_config)
-    run = dispatched_impl()
-    q = torch.randn(2, 64, 2, 32)
+    run = attnlab_impl()
+    q = torch.randn(2, 64, 2, 32, dtype=torch.float16)
     for causal in (False, True, True, False):
         run(q, q, q, 0.25, causal)
-    assert windows == [(-1, -1), (-1, 0)]
-    assert [launch["config"].row_sum_chains for launch in recorder.launches] == [2, 3, 3, 2]
+    assert [p.window for p in recorder.problems] == [(-1, -1), (-1, 0)]
+    assert len(recorder.launches) == 4

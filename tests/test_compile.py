@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from attnlab import ladder
+from attnlab import ladder, policy
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
@@ -71,18 +71,24 @@ def test_the_ladder_takes_o1_where_o3_spills(name, arch, artifact_dir):
     assert res.registers == 255 and res.spills, res
 
 
+#: Lab variant builds that spill under CuTe DSL 4.8 though they did not under 4.3.5, with the
+#: stack they take (docs/measurement.md, "CuTe DSL 4.8"): a change either way is news.
+LAB_SPILLS = {("persistent", "sm_80"): 48, ("persistent", "sm_90a"): 56}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", sorted(ladder.LAB_VARIANTS))
+@pytest.mark.parametrize("name", list(ladder.LAB_VARIANTS))
 def test_lab_variant_cross_compiles(name, arch, artifact_dir):
     """Every lab variant builds with no spill, plain and windowed (those on kernel 7's
-    32-rows-per-warp tile at ptxas -O1, as kernel 7)."""
+    32-rows-per-warp tile at ptxas -O1, as kernel 7), but the windowed persistent grid."""
     cfg = ladder.LAB_VARIANTS[name]
     assert cfg.ptxas_opt_level == 1
     for windowed in (False, True):
         art = compile_config(cfg, arch, head_dim=128, windowed=windowed, out_dir=artifact_dir)
         res = read_resources(art.cubin)
         assert 0 < res.registers <= 255
-        assert not res.spills, res
+        expected = LAB_SPILLS.get((name, arch), 0) if windowed else 0
+        assert res.stack_bytes == expected and res.spills == (expected > 0), res
 
 
 def test_synchronous_copy_uses_ldg_sts(artifact_dir):
@@ -131,7 +137,7 @@ def test_compile_config_rejects_bad_problems(artifact_dir):
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
 def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artifact_dir):
-    cfg = ladder.default_for("sm_90a", head_dim)
+    cfg = policy.default_for("sm_90a", head_dim)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
     assert histogram(parse(sass_text))["HMMA"] == expected_hmma(cfg, head_dim)
@@ -139,14 +145,15 @@ def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artif
 
 
 @pytest.mark.parametrize(("head_dim", "windowed", "dtype"), sorted(
-    key for key, knobs in ladder.SM90_DEFAULT_KNOBS.items() if knobs.get("tma_kv_loads")))
+    key for key, knobs in policy.SM90_DEFAULT_KNOBS.items() if knobs.get("tma_kv_loads")))
 def test_tma_ring_defaults_load_kv_with_no_copy_instruction(head_dim, windowed, dtype,
                                                             artifact_dir):
     """The defaults with the TMA ring: K and V arrive by UTMALDG, so the only cp.async left is
     Q's (16 bytes per copy, a predicated and an unpredicated path); the MMAs are unchanged.
-    None spills: below hd128 at -O3 (their cp.async builds spilled 8-88 B), at hd128 with the
-    sliced softmax at -O1 (the whole-tile softmax spills 16-24 B at -O3)."""
-    cfg = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
+    None spills: below hd128 at -O3 (their cp.async builds spilled 8-88 B), at hd128 at -O1,
+    bf16 with the sliced softmax (the whole-tile softmax spills 16-24 B at -O3), fp16 with the
+    whole-tile softmax (under CuTe DSL 4.8 its sliced build spills 64 B)."""
+    cfg = policy.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     art = compile_config(cfg, "sm_90a", dtype=dtype, head_dim=head_dim, windowed=windowed,
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
@@ -155,7 +162,7 @@ def test_tma_ring_defaults_load_kv_with_no_copy_instruction(head_dim, windowed, 
     assert ops["UTMALDG"] > 0
     assert ops["LDGSTS"] == 2 * q_copies
     assert ops["HMMA"] == expected_hmma(cfg, head_dim, windowed)
-    assert cfg.interleave_softmax == (head_dim == 128)
+    assert cfg.interleave_softmax == (head_dim == 128 and dtype == "bfloat16")
     assert not read_resources(art.cubin, sass_text).spills
 
 
@@ -212,9 +219,9 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     phase (a 64 x N atom per warpgroup), no mma.sync, ldmatrix or cp.async left; Q/K/V come
     by TMA and O leaves by a TMA store; the producer warpgroup hands its registers over; no
     spill at -O3."""
-    cfg = ladder.default_for("sm_90a", head_dim, windowed)
+    cfg = policy.default_for("sm_90a", head_dim, windowed)
     assert cfg.wgmma and cfg == ladder.HOPPER_STEPS["wgmma"].replace(
-        **ladder.SM90A_WGMMA_KNOBS[head_dim])
+        **policy.SM90A_WGMMA_KNOBS[head_dim])
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=windowed,
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
@@ -239,9 +246,9 @@ def test_wgmma_is_refused_where_it_cannot_run(artifact_dir):
                 {"reverse_kv": True}, {"static_strides": True}, {"kv_stages": 5}):
         with pytest.raises(ConfigError):
             cfg.replace(**bad)
-    assert ladder.default_for("sm_90a", 128, varlen=True) == ladder.mma_sync_default_for(
+    assert policy.default_for("sm_90a", 128, varlen=True) == policy.mma_sync_default_for(
         "sm_90a", 128, varlen=True)
-    assert not ladder.default_for("sm_90", 128).wgmma
+    assert not policy.default_for("sm_90", 128).wgmma
     assert ladder.BASES["wgmma"] == "interleave_softmax"
     assert "wgmma" not in ladder.named_for("sm_80")
     with pytest.raises(ConfigError, match="interleave_softmax"):
@@ -270,12 +277,12 @@ def test_variants_keep_one_main_loop(windowed, varlen, artifact_dir):
 
 
 @pytest.mark.parametrize(("head_dim", "windowed", "dtype"), sorted(
-    key for key, knobs in ladder.SM90_DEFAULT_KNOBS.items()
+    key for key, knobs in policy.SM90_DEFAULT_KNOBS.items()
     if knobs.get("row_sum_chains", 1) > 1 and not knobs.get("interleave_softmax")))
 def test_row_sum_chains_of_the_default(head_dim, windowed, dtype, artifact_dir):
     """The defaults with several row-sum chains add each row's terms once: one FADD fewer per
     row and loop body than ``reduce``'s chain, which starts from 0.0; MMAs unchanged."""
-    cfg = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
+    cfg = policy.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     assert cfg.row_sum_chains > 1
 
     def ops(config):

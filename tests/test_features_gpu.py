@@ -14,7 +14,7 @@ Which SDPA backend gives that yardstick depends on the mask:
   its ``is_causal`` is top-left aligned. Rows that see no key come out NaN or arbitrary there;
   they are set to 0, the reference's value, before measuring.
 
-Kernel checks launch ``runtime.launch_forward`` straight into NaN-filled ``out`` and ``lse``, so
+Kernel checks launch ``runtime.forward`` straight into NaN-filled ``out`` and ``lse``, so
 an unwritten element fails; rows that see no key must be exactly 0 with lse exactly -inf.
 """
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnlab
-from attnlab import ladder, reference
+from attnlab import ladder, policy, reference
 from attnlab.config import SUPPORTED_HEAD_DIMS
 from attnlab.validation import describe
 
@@ -91,17 +91,13 @@ def launch_poisoned(q, k, v, scale, window, config=None, varlen=None):
 
     ``varlen`` is ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` for packed inputs.
     """
-    from attnlab import dispatch, runtime
+    from attnlab import runtime
 
     cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, None, None)
     out = torch.full_like(q, math.nan)
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
     lse = torch.full(lse_shape, math.nan, device=q.device)
-    if config is None:
-        problem = describe(q, k, scale, window, cu_q, max_q, max_k)
-        config = dispatch.default_config(q.device, problem)
-    runtime.launch_forward(q, k, v, out, lse, scale, config, window=window, cu_seqlens_q=cu_q,
-                           cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    runtime.forward(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window, config)
     torch.cuda.synchronize()
     return out, lse
 
@@ -195,7 +191,7 @@ def test_gqa_reads_kv_in_place():
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_every_supported_head_dim(head_dim, dtype):
     """Each head dim's default, plain and causal, in each dtype (the Hopper defaults differ
-    per head dim, mask and dtype: ladder.SM90_DEFAULT_KNOBS)."""
+    per head dim, mask and dtype: policy.SM90_DEFAULT_KNOBS)."""
     q, k, v = dense_inputs(2, 513, 700, 4, 2, head_dim, DTYPES[dtype], seed=head_dim)
     check_dense(q, k, v, window=(-1, -1))
     check_dense(q, k, v, window=(-1, 0))
@@ -362,7 +358,7 @@ def test_cuda_graph_capture_and_replay():
 
 # --------------------------------------------------------------------------------------------
 # The knobs of kernels 10-16 and the lab's K/V ring and persistent grid (ladder.NAMED)
-KNOBS = ("k10", "k13", "k14", "k15", "k16", "pipeline", "persistent")
+KNOBS = ("k10", "k13", "k15", "k16", "pipeline", "persistent")
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
@@ -379,19 +375,27 @@ def test_knob_configs_varlen(name, window):
     check_varlen(window, torch.float16, ladder.NAMED[name])
 
 
-@pytest.mark.parametrize("name", ["persistent", "pipeline"])
-def test_more_tiles_than_resident_ctas(name):
-    """512 output tiles against 132 SMs x 2 CTAs: persistent CTAs loop over several tiles."""
+def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas():
+    """512 output tiles on a grid of SMs x resident CTAs (fewer): each CTA loops over several
+    tiles, and every tile is written (the outputs are poisoned)."""
+    from attnlab import device, runtime
+
+    config = ladder.NAMED["persistent"]
     q, k, v = dense_inputs(2, 2048, 2048, 16, 16, 128, torch.bfloat16, seed=5)
-    check_dense(q, k, v, window=(-1, -1), config=ladder.NAMED[name])
-    check_dense(q, k, v, window=(-1, 0), config=ladder.NAMED[name])
+    problem = describe(q, k, 128**-0.5, (-1, -1))
+    launch = runtime.launch_for(q, k, v, None, problem, config, with_lse=True)
+    tiles = 2048 // config.block_m * 2 * 16
+    sms = device.info(q.device).multiprocessors
+    assert launch.num_ctas % sms == 0 and sms <= launch.num_ctas < tiles
+    check_dense(q, k, v, window=(-1, -1), config=config)
+    check_dense(q, k, v, window=(-1, 0), config=config)
 
 
 @pytest.mark.parametrize("head_dim,tile", [(64, 16), (128, 16), (128, 64), (256, 32)])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
 def test_d_head_tile(head_dim, tile, window):
     """Kernel 15's column chunks of O += P V, at several chunk widths and head dims."""
-    config = ladder.mma_sync_default_for("sm_90a", head_dim).replace(d_head_tile=tile)
+    config = policy.mma_sync_default_for("sm_90a", head_dim).replace(d_head_tile=tile)
     q, k, v = dense_inputs(2, 200, 333, 4, 2, head_dim, torch.float16, seed=head_dim + tile)
     check_dense(q, k, v, window=window, config=config)
 
@@ -402,7 +406,7 @@ def test_row_sum_chains(chains, window):
     """Row sums added in several chains: dense (tails in both sequences) and packed."""
     q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=chains)
     for varlen in (False, True):
-        config = ladder.mma_sync_default_for("sm_90a", 128, varlen=varlen).replace(
+        config = policy.mma_sync_default_for("sm_90a", 128, varlen=varlen).replace(
             row_sum_chains=chains)
         if varlen:
             check_varlen(window, torch.float16, config)
@@ -419,7 +423,7 @@ def test_tma_kv_loads(head_dim, knobs, window):
     each K/V schedule, and a head dim of each swizzle width (96: 64-byte rows)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
-    config = ladder.mma_sync_default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
+    config = policy.mma_sync_default_for("sm_90a", head_dim).replace(tma_kv_loads=True, **knobs)
     q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
     check_dense(q, k, v, window=window, config=config)
 
@@ -455,7 +459,7 @@ def test_wgmma_kernel(head_dim, knobs, window):
     GQA, each mask, each tile and ring depth, and Sq > Sk (rows that see no key)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90a")
-    config = ladder.default_for("sm_90a", head_dim).replace(**knobs)
+    config = policy.default_for("sm_90a", head_dim).replace(**knobs)
     q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
     check_dense(q, k, v, window=window, config=config)
     q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 1)
@@ -469,15 +473,3 @@ def test_static_strides_compile_per_stride_set():
     views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
     assert views[0].stride() != q.stride()
     check_dense(*views, window=(-1, -1), config=ladder.k16)
-
-
-def test_carveout_is_set_on_the_kernel():
-    from attnlab.compile import get_forward_kernel
-    from attnlab.dispatch import arch_of
-    from attnlab.kernel_handle import kernel_attribute
-
-    q, k, v = dense_inputs(1, 128, 128, 2, 2, 64, torch.bfloat16, seed=2)
-    check_dense(q, k, v, window=(-1, -1), config=ladder.k14)
-    kernel = get_forward_kernel(ladder.k14, arch_of(q.device), "bfloat16", 64)
-    carveout = kernel_attribute(kernel, "PREFERRED_SHARED_MEMORY_CARVEOUT", q.device.index)
-    assert carveout == ladder.k14.smem_carveout == 100

@@ -8,6 +8,7 @@ are poisoned with NaN before each launch, so an unwritten element fails.
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -63,11 +64,11 @@ def random_qkv(shape, dtype, seed):
 
 def run_poisoned(q, k, v, scale, config):
     """Launch straight into NaN-filled outputs so that any unwritten element shows."""
-    from attnlab.runtime import launch_forward
+    from attnlab import runtime
 
     out = torch.full_like(q, float("nan"))
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
-    launch_forward(q, k, v, out, lse, scale, config)
+    runtime.forward(q, k, v, out, lse, None, None, None, None, scale, (-1, -1), config)
     torch.cuda.synchronize()
     return out, lse
 
@@ -93,7 +94,9 @@ def check_against_reference(q, k, v, config, scale=None):
 @pytest.mark.parametrize("name", list(ladder.LADDER))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_ladder_config_matches_reference(name, dtype, shape):
-    q, k, v = random_qkv(shape, dtype, seed=hash((name, shape)) % 2**31)
+    # A seed fixed across processes (hash() of a str is salted per process): a failure
+    # reproduces with the same inputs.
+    q, k, v = random_qkv(shape, dtype, seed=zlib.crc32(f"{name}{shape}".encode()))
     check_against_reference(q, k, v, ladder.LADDER[name])
 
 

@@ -10,8 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-from attnlab import dispatch, ladder
+from attnlab import device, dispatch, ladder, policy
 from attnlab.config import FlashConfig
+from attnlab.device import DeviceInfo
 from attnlab.tune.cache import SEQLEN_BUCKETS, TuneCache, TuneKey, seqlen_bucket
 from attnlab.tune.prune import Inspection
 from attnlab.tune.search import select_for_timing, summarize_pruning
@@ -24,7 +25,7 @@ def test_search_space_is_valid_unique_and_holds_the_default():
     assert len(space) == len(set(space)) > 20
     # Tuning can always fall back to what it started from: the default's tile is in the
     # space, and its knobs (chains, the TMA ring) are the refinement's.
-    assert ladder.mma_sync_default_for("sm_90a").replace(
+    assert policy.mma_sync_default_for("sm_90a").replace(
         row_sum_chains=1, tma_kv_loads=False, kv_stages=1, interleave_softmax=False,
         ptxas_opt_level=3) in space
     assert all(c.eager_kv_loads and c.fused_softmax and c.async_copy for c in space)
@@ -41,7 +42,7 @@ def test_knob_neighbours_cover_chains_walks_and_loads_of_one_tile(head_dim, wind
     block_n / 4), the K/V walk and, on sm_90, cp.async against the TMA ring, with the
     whole-tile or the sliced softmax on the ring; every neighbour has a name of its own (the
     timing key)."""
-    best = ladder.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
+    best = policy.mma_sync_default_for("sm_90a", head_dim, windowed, dtype)
     around = knob_neighbours(best, "sm_90a", head_dim)
     assert best in around
     chains = [c for c in ROW_SUM_CHAINS if c <= best.block_n // 4]
@@ -122,10 +123,12 @@ def test_default_path_honours_the_environment(tmp_path, monkeypatch):
     assert TuneCache().path == tmp_path / "t.json"
 
 
+H200 = DeviceInfo(0, "NVIDIA H200", (9, 0), "sm_90a", 132, 60 << 20)
+
+
 @pytest.fixture
 def fake_h200(monkeypatch, tmp_path):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(device, "info", lambda which=None: H200)
     monkeypatch.setenv("ATTNLAB_TUNE_CACHE", str(tmp_path / "tune.json"))
     dispatch.reload_tune_cache()
     yield TuneCache()
@@ -138,58 +141,58 @@ def problem(seqlen_q: int, dtype=torch.bfloat16) -> Problem:
 
 
 def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
-    device = torch.device("cuda", 0)
-    assert dispatch.default_config(device, problem(4096)) == ladder.default_for("sm_90a")
+    device = H200
+    assert dispatch.config_for(device, problem(4096)) == policy.default_for("sm_90a")
     tuned = ladder.k06.replace(block_m=128, block_n=128, num_warps=8)
     fake_h200.put(KEY, tuned)
     fake_h200.save()
     dispatch.reload_tune_cache()
-    assert dispatch.default_config(device, problem(4096)) == tuned
-    assert dispatch.default_config(device, problem(3000)) == tuned  # same bucket
-    fallback = ladder.default_for("sm_90a")
-    assert dispatch.default_config(device, problem(8192)) == fallback  # no entry
-    assert (dispatch.default_config(device, problem(4096, torch.float16))
-            == ladder.default_for("sm_90a", dtype="float16"))  # the key has the dtype
+    assert dispatch.config_for(device, problem(4096)) == tuned
+    assert dispatch.config_for(device, problem(3000)) == tuned  # same bucket
+    fallback = policy.default_for("sm_90a")
+    assert dispatch.config_for(device, problem(8192)) == fallback  # no entry
+    assert (dispatch.config_for(device, problem(4096, torch.float16))
+            == policy.default_for("sm_90a", dtype="float16"))  # the key has the dtype
 
 
 def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
     """Packed sequences cannot take TMA tiles: the varlen default drops the TMA ring (and
     the sliced softmax, which paid only with it), and an entry tuned with it gives way to
     that default."""
-    device = torch.device("cuda", 0)
+    device = H200
     packed = dataclasses.replace(problem(4096), varlen=True)
-    assert dispatch.default_config(device, problem(4096)).wgmma  # dense: the wgmma kernel
-    plain = ladder.mma_sync_default_for("sm_90a", 128)
+    assert dispatch.config_for(device, problem(4096)).wgmma  # dense: the wgmma kernel
+    plain = policy.mma_sync_default_for("sm_90a", 128)
     assert plain.tma_kv_loads
-    assert dispatch.default_config(device, packed) == plain.replace(
+    assert dispatch.config_for(device, packed) == plain.replace(
         tma_kv_loads=False, kv_stages=1, interleave_softmax=False, ptxas_opt_level=3)
     fake_h200.put(KEY, plain.replace(row_sum_chains=16))
     fake_h200.save()
     dispatch.reload_tune_cache()
-    assert dispatch.default_config(device, problem(4096)) == plain.replace(row_sum_chains=16)
-    assert not dispatch.default_config(device, packed).tma_kv_loads
+    assert dispatch.config_for(device, problem(4096)) == plain.replace(row_sum_chains=16)
+    assert not dispatch.config_for(device, packed).tma_kv_loads
 
 
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
     """Causal and windowed calls compile the windowed kernel, whose default is looked up
     under its own key, as is each dtype; where the mma.sync kernel serves (hd96), the masked
-    default has its own knobs (ladder.SM90_DEFAULT_KNOBS)."""
-    device = torch.device("cuda", 0)
+    default has its own knobs (policy.SM90_DEFAULT_KNOBS)."""
+    device = H200
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
-    chosen = dispatch.default_config(device, causal)
-    assert chosen == ladder.default_for("sm_90a", 128, windowed=True)
-    fp16 = dispatch.default_config(device, problem(4096, torch.float16))
-    assert fp16 == ladder.default_for("sm_90a", 128, dtype="float16") != ladder.k16
+    chosen = dispatch.config_for(device, causal)
+    assert chosen == policy.default_for("sm_90a", 128, windowed=True)
+    fp16 = dispatch.config_for(device, problem(4096, torch.float16))
+    assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
     hd96 = dataclasses.replace(problem(4096), head_dim=96)
     hd96_causal = dataclasses.replace(hd96, window=(-1, 0))
-    assert dispatch.default_config(device, hd96_causal).tma_kv_loads
-    assert not dispatch.default_config(device, hd96).tma_kv_loads
+    assert dispatch.config_for(device, hd96_causal).tma_kv_loads
+    assert not dispatch.config_for(device, hd96).tma_kv_loads
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()
     dispatch.reload_tune_cache()
-    assert dispatch.default_config(device, causal) == chosen
-    assert dispatch.default_config(device, problem(4096)) == ladder.k06.replace(block_m=128)
+    assert dispatch.config_for(device, causal) == chosen
+    assert dispatch.config_for(device, problem(4096)) == ladder.k06.replace(block_m=128)
 
 
 def inspected(registers: int, **changes) -> Inspection:
@@ -234,8 +237,8 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
     from attnlab.cli import measure
     from attnlab.tune import search
 
-    default = ladder.default_for("sm_90a", 128)
-    tile = ladder.mma_sync_default_for("sm_90a", 128).replace(block_n=32, row_sum_chains=1)
+    default = policy.default_for("sm_90a", 128)
+    tile = policy.mma_sync_default_for("sm_90a", 128).replace(block_n=32, row_sum_chains=1)
     rounds = []
 
     def fake_time(point, base, candidates, *, runs, on_impl=None):
@@ -270,7 +273,7 @@ def test_tuning_causal_entries_prune_and_time_the_masked_kernel(fake_h200, monke
 
     def fake_prune(*args, windowed=False, **kwargs):
         pruned.append(windowed)
-        return [ladder.default_for("sm_90a", 64).replace(block_n=64)], {"candidates": 1}
+        return [policy.default_for("sm_90a", 64).replace(block_n=64)], {"candidates": 1}
 
     def fake_time(point, base, candidates, *, runs, on_impl=None):
         timed.append((point.causal, base))
@@ -282,10 +285,10 @@ def test_tuning_causal_entries_prune_and_time_the_masked_kernel(fake_h200, monke
     measure._run_tuning(fake_h200, [512], 64, "float16", 16384, 2048, 1, 4, 5, False, False,
                         (False, True))
     assert pruned == [False, True]
-    assert timed == [(False, ladder.default_for("sm_90a", 64, dtype="float16")),
-                     (True, ladder.default_for("sm_90a", 64, windowed=True, dtype="float16"))]
+    assert timed == [(False, policy.default_for("sm_90a", 64, dtype="float16")),
+                     (True, policy.default_for("sm_90a", 64, windowed=True, dtype="float16"))]
     cache = TuneCache()
-    tile = ladder.default_for("sm_90a", 64).replace(block_n=64)
+    tile = policy.default_for("sm_90a", 64).replace(block_n=64)
     for causal in (False, True):
         assert cache.get(TuneKey("NVIDIA H200", "90", "float16", 64, causal, 512)) == tile
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attnlab
+from attnlab import validation
 from attnlab.config import SUPPORTED_HEAD_DIMS
 from attnlab.validation import Problem, check_inputs
 
@@ -288,9 +289,30 @@ def test_attention_refuses_a_config_that_is_not_a_flash_config(make_qkv, config:
     assert f"got {type(config).__name__} {config!r}" in message
 
 
-def test_tensor_beyond_32bit_indexing_rejected() -> None:
+def test_batch_element_beyond_32bit_indexing_rejected() -> None:
     # Meta tensors have shapes and strides but no memory, so the check runs without 128 GiB.
     q = torch.empty((4, 2**28, 1, 64), device="meta", dtype=torch.float16)
     k = torch.empty((4, 16, 1, 64), device="meta", dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"q spans 68719476736 elements.*32-bit"):
+    with pytest.raises(ValueError, match=r"q: one batch element spans 17179869184 elements"
+                                         r".*32-bit"):
         check(q, k, k)
+
+
+def test_batch_offsets_are_64_bit() -> None:
+    """A serving cache past 2**31 elements is accepted when each batch element stays under."""
+    q = torch.empty((64, 16, 32, 128), device="meta", dtype=torch.bfloat16)
+    k = torch.empty((64, 32768, 8, 128), device="meta", dtype=torch.bfloat16)
+    assert k.numel() >= 2**31
+    problem = check(q, k, k)
+    assert (problem.batch, problem.seqlen_k) == (64, 32768)
+
+
+def test_packed_sequence_beyond_32bit_indexing_rejected() -> None:
+    q = torch.empty((2**20, 8, 128), device="meta", dtype=torch.bfloat16)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    kwargs = dict(require_cuda=False, check_pointers=False)
+    # 2**21 rows of 1024 elements: the packed tensor passes 2**31, one sequence does not.
+    k = torch.empty((2**21 + 1, 8, 128), device="meta", dtype=torch.bfloat16)
+    validation.check_varlen_inputs(q, k, k, cu, cu, 2**19, 2**20, **kwargs)
+    with pytest.raises(ValueError, match=r"k: one sequence spans \d+ elements"):
+        validation.check_varlen_inputs(q, k, k, cu, cu, 2**19, 2**21 + 1, **kwargs)

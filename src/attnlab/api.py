@@ -1,20 +1,29 @@
-"""The user-facing entry points: validate, then run the forward custom op (attnlab.ops).
+"""The user-facing entry points: validate once per call signature, then launch.
 
-Validation here reads only host-side metadata, so torch.compile(fullgraph=True) traces these
-functions through to the op; config dispatch, the empty-input fast paths, the data-pointer
-checks and the kernel launch happen inside the op, on real tensors.
+An eager call looks its signature up (the metadata of its tensors and the values of its
+options) in a memo. The first call of a signature runs the full validation
+(:mod:`attnlab.validation`, which explains every refusal), chooses the config and gets the
+compiled kernel (:mod:`attnlab.runtime`); every later call with that signature only checks
+the data pointers, allocates the outputs and launches. Validation reads nothing but that
+metadata, so its verdict holds for every call that shares it.
+
+Under torch.compile the functions trace through validation to the forward custom ops
+(:mod:`attnlab.ops`), whose real implementation launches the same way.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from attnlab import ops
+from attnlab import ops, runtime
 from attnlab.config import FlashConfig
 from attnlab.validation import (
-    UNBOUNDED,
-    Problem,
+    COPY_ALIGN_BYTES,
+    FULL_WINDOW,
     check_cu_seqlens_values,
+    check_data_pointers,
     check_inputs,
     check_varlen_inputs,
 )
@@ -27,7 +36,7 @@ def attention(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = UNBOUNDED,
+    window_size: tuple[int, int] = FULL_WINDOW,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
@@ -75,21 +84,25 @@ def attention(
         attnlab.ConfigError: (a ValueError) the config cannot serve this head dim on this GPU,
             e.g. its tiles overflow shared memory.
     """
-    _check_config_type(config)
-    problem = check_inputs(
-        q,
-        k,
-        v,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        out=out,
-        check_pointers=False,
-    )
-    out, lse = _run(q, k, v, out, problem, config)
-    if return_lse:
-        return out, lse
-    return out
+    options = (softmax_scale, causal, window_size, config)
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, None, None, None, None, options, return_lse, out)
+    key = None
+    try:
+        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, options, return_lse,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        call = _calls.get(key)
+    except (TypeError, AttributeError):  # unhashable options, or not tensors at all
+        call = None
+    if call is None:
+        _check_config_type(config)
+        problem = check_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                               window_size=window_size, out=out, check_pointers=False)
+        call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
+                          problem.varlen, return_lse)
+        _remember(key, call)
+    return call(q, k, v, out)
 
 
 def attention_varlen(
@@ -103,7 +116,7 @@ def attention_varlen(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = UNBOUNDED,
+    window_size: tuple[int, int] = FULL_WINDOW,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
@@ -136,29 +149,34 @@ def attention_varlen(
         TypeError, ValueError, attnlab.ConfigError: as :func:`attention`, and for bad offsets
             or max lengths (see :func:`attnlab.validation.check_varlen_inputs`).
     """
-    _check_config_type(config)
-    problem = check_varlen_inputs(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        out=out,
-        check_pointers=False,
-    )
+    options = (softmax_scale, causal, window_size, config)
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       options, return_lse, out, check_cu_seqlens)
+    key = None
+    try:
+        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, cu_seqlens_q.shape,
+               cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
+               cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype,
+               cu_seqlens_k.device, max_seqlen_q, max_seqlen_k, options, return_lse,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        call = _calls.get(key)
+    except (TypeError, AttributeError):  # unhashable options, or not tensors at all
+        call = None
+    if call is None:
+        _check_config_type(config)
+        problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, softmax_scale=softmax_scale,
+                                      causal=causal, window_size=window_size, out=out,
+                                      check_pointers=False)
+        call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
+                          problem.varlen, return_lse)
+        _remember(key, call)
     if check_cu_seqlens:
-        check_cu_seqlens_values(
-            cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
-        )
-    out, lse = _run(q, k, v, out, problem, config, cu_seqlens_q, cu_seqlens_k)
-    if return_lse:
-        return out, lse
-    return out
+        check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                max_seqlen_q, max_seqlen_k)
+    return call(q, k, v, out, cu_seqlens_q, cu_seqlens_k)
 
 
 def _check_config_type(config: object) -> None:
@@ -169,33 +187,79 @@ def _check_config_type(config: object) -> None:
         )
 
 
-def _run(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor | None,
-    problem: Problem,
-    config: FlashConfig | None,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Under torch.compile, call the functional op (or the mutating one when the caller gave
-    ``out``); eagerly, run the same body without the dispatcher."""
-    max_seqlens = (problem.seqlen_q, problem.seqlen_k) if problem.varlen else (None, None)
-    if not torch.compiler.is_compiling():
-        out = ops.new_out(q) if out is None else out
-        lse = ops.new_lse(q, varlen=problem.varlen)
-        ops.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *max_seqlens,
-                    problem.softmax_scale, problem.window, config)
-        return out, lse
-    args = (
-        cu_seqlens_q,
-        cu_seqlens_k,
-        *max_seqlens,
-        problem.softmax_scale,
-        *problem.window,
-        *ops.encode_config(config),
-    )
+class _EagerCall:
+    """What an eager call of one signature does after validation: allocate, launch, return."""
+
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "return_lse")
+
+    def __init__(self, launch: runtime.Launch, q: torch.Tensor, varlen: bool,
+                 return_lse: bool):
+        self.launch = launch
+        self.out_shape = q.shape
+        self.lse_shape = ops.lse_shape(q, varlen)
+        self.dtype = q.dtype
+        self.device = q.device
+        self.return_lse = return_lse
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None = None,
+                 cu_seqlens_k: torch.Tensor | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if out is None:
+            # Addresses are the one thing validation could not see: check them per call.
+            if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % COPY_ALIGN_BYTES:
+                check_data_pointers(q, k, v)
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        else:
+            check_data_pointers(q, k, v, out)
+        lse = None
+        if self.return_lse:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        return (out, lse) if self.return_lse else out
+
+
+_calls: dict[tuple, _EagerCall] = {}
+
+
+def _remember(key: tuple | None, call: _EagerCall) -> None:
+    """Keep ``call`` for its signature (unless the signature could not be built or hashed:
+    such calls take the slow path every time)."""
+    if key is not None:
+        try:
+            runtime.remember(_calls, key, call)
+        except TypeError:
+            pass
+
+
+def forget_calls() -> None:
+    """Forget every call signature (their configs are chosen again at the next call)."""
+    _calls.clear()
+    runtime.forget()
+
+
+def _traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+            max_seqlen_q: int | None, max_seqlen_k: int | None, options: tuple,
+            return_lse: bool, out: torch.Tensor | None, check_cu_seqlens: bool = False) -> Any:
+    """The torch.compile path: validate while tracing, then the forward custom op (the
+    mutating one when the caller gave ``out``)."""
+    softmax_scale, causal, window_size, config = options
+    _check_config_type(config)
+    common = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                  out=out, check_pointers=False)
+    if cu_seqlens_q is None:
+        problem = check_inputs(q, k, v, **common)
+    else:
+        if check_cu_seqlens:
+            raise ValueError("check_cu_seqlens=True reads the offsets on the host, which "
+                             "torch.compile cannot trace; check them before the compiled call")
+        problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, **common)
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem.softmax_scale,
+            *problem.window, *ops.encode_config(config))
     if out is None:
-        return ops.attention_fwd(q, k, v, *args)
-    return out, ops.attention_fwd_out(q, k, v, out, *args)
+        out, lse = ops.attention_fwd(q, k, v, *args)
+    else:
+        lse = ops.attention_fwd_out(q, k, v, out, *args)
+    return (out, lse) if return_lse else out

@@ -80,9 +80,6 @@ class FlashConfig:
             P V MMAs start from C = 0 instead of a zeroed accumulator, and the softmax starts
             from that block's statistics with no rescale of O. Costs one more copy of the
             block's code.
-        smem_carveout: preferred share of the unified L1/shared-memory array given to shared
-            memory, in percent (kernel 14, "cache configuration"); -1 leaves the driver's
-            choice.
         d_head_tile: O += P V in column chunks of ``d_head_tile`` (kernel 15, tiling along
             d_head): each ldmatrix of V feeds only its chunk's MMAs, so a V sub-tile in
             registers is ``d_head_tile`` columns wide instead of the whole head dim. 0 walks
@@ -95,9 +92,9 @@ class FlashConfig:
             (a warp issues in order, so an FADD waiting on the one before also holds back
             the MMAs behind it) at the cost of a live register per chain. At most the
             row's elements per thread (block_n / 4), where it is a full tree.
-        persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the driver's
-            occupancy calculator) and let each loop over output tiles (the GA104 lab's
-            persistent grid), instead of one CTA per tile.
+        persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the occupancy
+            model on the compiled kernel's registers and shared memory) and let each loop over
+            output tiles (the GA104 lab's persistent grid), instead of one CTA per tile.
         tma_kv_loads: load each K and V tile with one TMA bulk-tensor copy
             (``cp.async.bulk.tensor``, sm_90+) issued by one thread and completed on an
             mbarrier, instead of 16-byte ``cp.async`` copies by every thread. The copy's
@@ -140,7 +137,6 @@ class FlashConfig:
     kv_stages: int = 1
     static_strides: bool = False
     peel_first_kv_block: bool = False
-    smem_carveout: int = -1
     d_head_tile: int = 0
     ptxas_opt_level: int = 3
     persistent: bool = False
@@ -190,11 +186,6 @@ class FlashConfig:
             raise ConfigError(
                 "kv_stages=2 needs eager_kv_loads: the ring issues the next block's loads "
                 "while the current block computes"
-            )
-        if not isinstance(self.smem_carveout, int) or not -1 <= self.smem_carveout <= 100:
-            raise ConfigError(
-                f"smem_carveout must be a percentage 0..100 or -1 (driver default), got "
-                f"{self.smem_carveout!r}"
             )
         if (not isinstance(self.d_head_tile, int) or isinstance(self.d_head_tile, bool)
                 or self.d_head_tile < 0 or self.d_head_tile % 16):
@@ -308,8 +299,6 @@ class FlashConfig:
             flags.append(f"d_head_tile_{self.d_head_tile}")
         if self.ptxas_opt_level != 3:
             flags.append(f"ptxas_O{self.ptxas_opt_level}")
-        if self.smem_carveout >= 0:
-            flags.append(f"carveout_{self.smem_carveout}")
         if self.persistent:
             flags.append("persistent")
         if self.row_sum_chains > 1:

@@ -1,9 +1,9 @@
 """Which kernel configuration serves a problem on a GPU.
 
-The tuning cache's entry for (GPU, capability, dtype, head dim, causal, seqlen bucket) when
-``attnlab tune`` wrote one; otherwise the built-in default of the GPU's architecture family
-(``attnlab.ladder.default_for``: the wgmma kernel on sm_90a, else kernel 7 plus later
-clean-ups).
+The tuning cache's entry for (GPU, capability, dtype, head dim, mask, seqlen bucket) when
+``attnlab tune`` wrote one; otherwise the built-in default of the GPU's architecture
+(``attnlab.policy``). The choice depends only on that key, so it is made once per key and
+process (``reload_tune_cache`` forgets the choices with the cache).
 """
 
 from __future__ import annotations
@@ -11,48 +11,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
-from attnlab.ladder import default_for
-from attnlab.validation import UNBOUNDED
+from attnlab.device import DeviceInfo, arch_of
+from attnlab.policy import default_for
 
 if TYPE_CHECKING:
-    import torch
-
     from attnlab.tune.cache import TuneCache, TuneKey
     from attnlab.validation import Problem
 
-_ARCH_BY_CAPABILITY = {(8, 0): "sm_80", (8, 6): "sm_86", (8, 7): "sm_86", (8, 9): "sm_89",
-                       (9, 0): "sm_90a"}
+__all__ = ["arch_of", "config_for", "reload_tune_cache", "tune_cache", "tune_key"]
 
 _cache: TuneCache | None = None
+_chosen: dict[tuple, FlashConfig] = {}
 
 
-def arch_of(device: torch.device) -> str:
-    """The compilation target of a CUDA device (``sm_80``, ``sm_86``, ``sm_89``, ``sm_90a``)."""
-    import torch
-
-    capability = torch.cuda.get_device_capability(device)
-    arch = _ARCH_BY_CAPABILITY.get(capability)
-    if arch is None:
-        if capability < (8, 0):
-            raise ValueError(
-                f"attnlab needs an sm80 (Ampere) or newer GPU; {torch.cuda.get_device_name(device)}"
-                f" is sm_{capability[0]}{capability[1]}"
-            )
-        # Newer GPUs run the sm80 path's PTX through the driver (no Hopper/Blackwell features).
-        arch = "sm_80"
-    return arch
-
-
-def tune_key(device: torch.device, dtype: str, head_dim: int, seqlen_q: int,
+def tune_key(gpu: DeviceInfo, dtype: str, head_dim: int, seqlen_q: int,
              causal: bool = False) -> TuneKey:
-    """The tuning-cache key of a problem on a device."""
-    import torch
-
+    """The tuning-cache key of a problem on a GPU."""
     from attnlab.tune.cache import TuneKey, seqlen_bucket
 
-    major, minor = torch.cuda.get_device_capability(device)
-    return TuneKey(torch.cuda.get_device_name(device), f"{major}{minor}", dtype, head_dim,
-                   causal, seqlen_bucket(seqlen_q))
+    major, minor = gpu.capability
+    return TuneKey(gpu.name, f"{major}{minor}", dtype, head_dim, causal,
+                   seqlen_bucket(seqlen_q))
 
 
 def tune_cache() -> TuneCache:
@@ -66,20 +45,32 @@ def tune_cache() -> TuneCache:
 
 
 def reload_tune_cache() -> None:
+    """Read the tuning cache again at the next call, and choose every config again."""
     global _cache
     _cache = None
+    _chosen.clear()
 
 
-def default_config(device: torch.device, problem: Problem) -> FlashConfig:
-    """The configuration ``attention()`` uses when the caller gives none."""
-    dtype = str(problem.dtype).removeprefix("torch.")
+def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
+    """The configuration ``attention()`` uses on ``gpu`` when the caller gives none."""
+    from attnlab.tune.cache import seqlen_bucket
+
+    key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen,
+           seqlen_bucket(problem.seqlen_q))
+    config = _chosen.get(key)
+    if config is None:
+        config = _chosen[key] = _choose(gpu, problem)
+    return config
+
+
+def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
+    dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not
     # speak for it (their best knobs differ, docs/ladder.md).
-    windowed = tuple(problem.window) != UNBOUNDED
-    tuned = tune_cache().get(tune_key(device, dtype, problem.head_dim, problem.seqlen_q,
-                                      causal=windowed))
+    tuned = tune_cache().get(tune_key(gpu, dtype, problem.head_dim, problem.seqlen_q,
+                                      causal=problem.windowed))
     # Packed sequences cannot take TMA tiles (FlashConfig.tma_kv_loads): an entry tuned with
     # them gives way to the varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads):
         return tuned
-    return default_for(arch_of(device), problem.head_dim, windowed, dtype, problem.varlen)
+    return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen)

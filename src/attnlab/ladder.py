@@ -16,7 +16,7 @@ k10    first-block specialisation (peeled first K/V block)
 k11    swizzled RF->SMEM epilogue: the same config as k09, in the kernel since k02
 k12    clean-ups found in the SASS: unpredicated full tiles
 k13    K/V blocks walked backwards
-k14    cache configuration: shared-memory carveout at 100 %
+k14    cache configuration: the same config as k12 (the carveout cannot be set, below)
 k15    tiling along d_head: O += P V in 32-column chunks of the head dim
 k16    static global-memory strides (row and head strides compiled in)
 =====  ==============================================================================
@@ -36,7 +36,7 @@ ptxas -O1, because -O3 spills 16-80 bytes there (docs/ladder.md, "Tenth session"
 
 from __future__ import annotations
 
-from attnlab.config import WGMMA_HEAD_DIMS, ConfigError, FlashConfig
+from attnlab.config import ConfigError, FlashConfig
 
 k01 = FlashConfig(
     block_m=64, block_n=64, num_warps=4, async_copy=True, swizzle="none",
@@ -70,8 +70,12 @@ k10 = k09.replace(peel_first_kv_block=True)
 k11 = k09  # k10 measured slower: not carried forward
 k12 = k11.replace(unpredicated_full_tiles=True)
 k13 = k12.replace(reverse_kv=True)
-k14 = k12.replace(smem_carveout=100)  # k13 measured slower: not carried forward
-k15 = k12.replace(d_head_tile=32)  # k14 measured slower: not carried forward
+# Kernel 14 asked the driver for a 100 % shared-memory carveout. It measured no faster (eighth
+# session), and a TVM-FFI launch of CuTe DSL 4.8 cannot ask at all: the DSL keeps the launch's
+# carveout in its Python executor, which TVM-FFI calls and exported kernels bypass
+# (docs/measurement.md, "CuTe DSL 4.8"). Its row measures kernel 12 again.
+k14 = k12  # k13 measured slower: not carried forward
+k15 = k12.replace(d_head_tile=32)
 k16 = k12.replace(static_strides=True)  # k15 measured no faster: not carried forward
 
 LADDER: dict[str, FlashConfig] = {
@@ -142,7 +146,7 @@ STEP_NAMES: dict[str, str] = {
     "k11": "swizzled RF->SMEM (since k02; = k09)",
     "k12": "unpredicated full tiles",
     "k13": "K/V blocks backwards",
-    "k14": "smem carveout 100%",
+    "k14": "smem carveout (not settable: = k12)",
     "k15": "tiling along d_head (P V)",
     "k16": "static GMEM strides",
     "pad8": "lab: +8-half padding instead of swizzle",
@@ -174,73 +178,6 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     config = TUNED_K07[family(arch)]
     if head_dim in SIXTEEN_ROWS_PER_WARP[family(arch)]:
         config = config.replace(block_m=64)
-    return config
-
-
-#: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
-#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
-#: at hd64", "hd32 and hd96", "TMA K/V loads" and "Tenth session"): the TMA ring where it
-#: measured faster, at hd128 with the sliced softmax at -O1;
-#: the row-sum chains; at hd32/hd64 B_c = 128 (S then fits beside the narrow O); kernel 13's
-#: backward K/V walk where it measured faster. Other problems keep the plain default (for
-#: hd96: ``SIXTEEN_ROWS_PER_WARP``).
-SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
-    (32, False, "bfloat16"): {"block_n": 128, **TMA_RING},
-    (32, False, "float16"): {"block_n": 128, **TMA_RING},
-    (32, True, "bfloat16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
-    (32, True, "float16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
-    (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8, **TMA_RING},
-    (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4, **TMA_RING},
-    (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True,
-                             **TMA_RING},
-    (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True,
-                            **TMA_RING},
-    (96, True, "bfloat16"): TMA_RING,
-    (96, True, "float16"): TMA_RING,
-    (128, False, "bfloat16"): {"row_sum_chains": 4, **TMA_RING, **INTERLEAVED_SOFTMAX},
-    (128, False, "float16"): {**TMA_RING, **INTERLEAVED_SOFTMAX},
-    (128, True, "bfloat16"): {"row_sum_chains": 4, **TMA_RING, **INTERLEAVED_SOFTMAX},
-    # With 4 chains this build spills 40 B at -O1: one chain.
-    (128, True, "float16"): {**TMA_RING, **INTERLEAVED_SOFTMAX},
-}
-
-
-#: The wgmma kernel's tile and ring depth per head dim, measured against the other candidates
-#: on an H100 (docs/ladder.md, "Ninth session"), causal and plain alike.
-SM90A_WGMMA_KNOBS: dict[int, dict[str, object]] = {
-    64: {"block_n": 256, "kv_stages": 3},
-    128: {"block_n": 128, "kv_stages": 3},
-}
-
-
-def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
-                dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
-    """What ``attention()`` runs without a tuned entry: on sm_90a, at the head dims it serves
-    and for dense (not packed) sequences, the warpgroup-MMA kernel with the tile measured
-    best (``SM90A_WGMMA_KNOBS``); otherwise ``mma_sync_default_for``. (``windowed``: causal
-    or sliding-window attention; ``dtype``: ``"bfloat16"`` or ``"float16"``; ``varlen``:
-    packed sequences.)"""
-    if arch == "sm_90a" and head_dim in WGMMA_HEAD_DIMS and not varlen:
-        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim])
-    return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
-
-
-def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
-                         dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
-    """The best ``mma.sync`` configuration without a tuned entry: kernel 7 plus the steps
-    since that measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles,
-    kernel 16's compiled-in strides (one compile per head count / layout) and, on Hopper,
-    the knobs measured best for the problem (``SM90_DEFAULT_KNOBS``; packed sequences load
-    K/V with ``cp.async``)."""
-    config = k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
-    if family(arch) == "sm_90":
-        knobs = SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {})
-        if varlen:
-            # No TMA for packed sequences, and the sliced softmax without the ring measured
-            # slower than kernel 16 (1.07-1.09x against 1.09-1.11x): both go.
-            knobs = {name: value for name, value in knobs.items()
-                     if name not in TMA_RING and name not in INTERLEAVED_SOFTMAX}
-        config = config.replace(**knobs)
     return config
 
 

@@ -1,7 +1,7 @@
 """The forward pass as torch custom ops, so torch.compile traces it and CUDA graphs capture it.
 
 Two ops, each taking dense (BSHD) and packed varlen inputs alike, as
-:func:`attnlab.runtime.launch_forward` does (the ``cu_seqlens`` are None for dense):
+:func:`attnlab.runtime.forward` does (the ``cu_seqlens`` are None for dense):
 
 * ``attnlab::attention_fwd`` returns a new ``(out, lse)``; ``attention()`` uses it when the
   caller gives no ``out``.
@@ -26,8 +26,8 @@ import dataclasses
 
 import torch
 
+from attnlab import runtime
 from attnlab.config import FlashConfig
-from attnlab.validation import check_data_pointers, describe
 
 #: Joins the str fields of a config; no field value contains it.
 _STR_SEPARATOR = ","
@@ -76,10 +76,15 @@ def new_out(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
+def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
+    """The log-sum-exp's shape: ``[B, Hq, Sq]`` dense, ``[Hq, total_q]`` varlen (flash_attn's
+    layouts)."""
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
 def new_lse(q: torch.Tensor, varlen: bool) -> torch.Tensor:
-    """fp32 log-sum-exp: ``[B, Hq, Sq]`` dense, ``[Hq, total_q]`` varlen (flash_attn's layouts)."""
-    shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
-    return torch.empty(shape, dtype=torch.float32, device=q.device)
+    """A new fp32 log-sum-exp for ``q`` (:func:`lse_shape`)."""
+    return torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,57 +165,7 @@ def _forward(
     config_ints: list[int],
     config_strs: str,
 ) -> None:
-    """The ops' body: decode the config, then :func:`forward`."""
-    forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            softmax_scale, (window_left, window_right), decode_config(config_ints, config_strs))
-
-
-def forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    cu_seqlens_q: torch.Tensor | None,
-    cu_seqlens_k: torch.Tensor | None,
-    max_seqlen_q: int | None,
-    max_seqlen_k: int | None,
-    softmax_scale: float,
-    window: tuple[int, int],
-    config: FlashConfig | None,
-) -> None:
-    """Write ``out`` and ``lse``: the empty-input fast paths, or dispatch and one launch.
-
-    What the ops run; eager calls come here directly (the dispatcher costs more than a small
-    kernel runs, and only torch.compile needs the op).
-    """
-    check_data_pointers(q, k, v, out)
-    if q.numel() == 0:
-        return
-    # Dim -3 is Sk dense and total_k varlen: either way zero means no row has a key. Softmax
-    # over no keys: the empty sum gives lse = -inf and a zero output.
-    if k.shape[-3] == 0:
-        out.zero_()
-        lse.fill_(-torch.inf)
-        return
-    # Imported here: both pull in the CuTe DSL, which `import attnlab` must not pay for.
-    from attnlab import dispatch, runtime
-
-    if config is None:
-        problem = describe(q, k, softmax_scale, window, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-        config = dispatch.default_config(q.device, problem)
-    config.check_problem(q.shape[-1], dispatch.arch_of(q.device))
-    runtime.launch_forward(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        softmax_scale,
-        config,
-        window=window,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-    )
+    """The ops' body: decode the config, then launch (``runtime.forward``)."""
+    runtime.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, (window_left, window_right),
+                    decode_config(config_ints, config_strs))

@@ -9,8 +9,8 @@ import torch
 
 from attnlab.config import FlashConfig
 from attnlab.validation import (
+    FULL_WINDOW,
     KERNEL_DTYPES,
-    UNBOUNDED,
     check_cu_seqlens_values,
     check_inputs,
     check_varlen_inputs,
@@ -30,7 +30,7 @@ def attention(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = UNBOUNDED,
+    window_size: tuple[int, int] = FULL_WINDOW,
     return_lse: bool = False,
     config: FlashConfig | None = None,
     compute_dtype: torch.dtype = torch.float32,
@@ -93,7 +93,7 @@ def attention_varlen(
     *,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = UNBOUNDED,
+    window_size: tuple[int, int] = FULL_WINDOW,
     return_lse: bool = False,
     config: FlashConfig | None = None,
     compute_dtype: torch.dtype = torch.float32,
@@ -159,7 +159,7 @@ def window_mask(
     attention is ``(-1, 0)``.
     """
     left, right = window
-    if (left, right) == UNBOUNDED:
+    if (left, right) == FULL_WINDOW:
         return None
     rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
     cols = torch.arange(seqlen_k, device=device).unsqueeze(0)

@@ -33,8 +33,8 @@ KERNEL_DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in 
 #: A 128-bit vector copy moves 16 bytes; every tile row the kernel copies must start on one.
 COPY_ALIGN_BYTES = 16
 
-#: The window of full attention: -1 means no bound on that side.
-UNBOUNDED: tuple[int, int] = (-1, -1)
+#: The window of full attention (flash_attn's convention: -1 means no bound on that side).
+FULL_WINDOW: tuple[int, int] = (-1, -1)
 
 _BSHD = "[batch, seqlen, heads, head_dim] (BSHD)"
 _THD = "[total_tokens, heads, head_dim] (packed varlen)"
@@ -68,13 +68,23 @@ class Problem:
     head_dim: int
     dtype: torch.dtype
     softmax_scale: float
-    window: tuple[int, int] = UNBOUNDED
+    window: tuple[int, int] = FULL_WINDOW
     varlen: bool = False
 
     @property
     def causal(self) -> bool:
         """Plain causal attention, bottom-right aligned (FlashAttention-2's definition)."""
         return self.window == (-1, 0)
+
+    @property
+    def windowed(self) -> bool:
+        """Causal or sliding-window: the masked kernel variant serves it."""
+        return self.window != FULL_WINDOW
+
+    @property
+    def dtype_name(self) -> str:
+        """``"float16"`` or ``"bfloat16"`` (the kernels' name of the dtype)."""
+        return str(self.dtype).removeprefix("torch.")
 
 
 def check_inputs(
@@ -84,7 +94,7 @@ def check_inputs(
     *,
     softmax_scale: object = None,
     causal: object = False,
-    window_size: object = UNBOUNDED,
+    window_size: object = FULL_WINDOW,
     out: torch.Tensor | None = None,
     require_cuda: bool = True,
     allowed_dtypes: Iterable[torch.dtype] = KERNEL_DTYPES,
@@ -146,7 +156,7 @@ def check_varlen_inputs(
     *,
     softmax_scale: object = None,
     causal: object = False,
-    window_size: object = UNBOUNDED,
+    window_size: object = FULL_WINDOW,
     out: torch.Tensor | None = None,
     require_cuda: bool = True,
     allowed_dtypes: Iterable[torch.dtype] = KERNEL_DTYPES,
@@ -189,6 +199,7 @@ def check_varlen_inputs(
         out=out,
         require_cuda=require_cuda,
         check_pointers=check_pointers,
+        max_seqlens=(max_seqlen_q, max_seqlen_k),
     )
     return describe(q, k, scale, window, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
 
@@ -407,15 +418,18 @@ def _check_common(
     out: torch.Tensor | None,
     require_cuda: bool,
     check_pointers: bool,
+    max_seqlens: tuple[int, int] | None = None,
 ) -> tuple[float, tuple[int, int]]:
-    """The checks dense and varlen share once shapes are known; returns (scale, window)."""
+    """The checks dense and varlen share once shapes are known; returns (scale, window).
+    ``max_seqlens`` (q's, k's) bound a packed sequence's rows; None for dense batches."""
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
-    for name in ("q", "k", "v"):
-        _check_strides(name, tensors[name])
+    rows_q, rows_k = max_seqlens if max_seqlens is not None else (None, None)
+    for name, rows in (("q", rows_q), ("k", rows_k), ("v", rows_k)):
+        _check_strides(name, tensors[name], rows)
     scale = _resolve_scale(softmax_scale, q.shape[-1])
     window = _resolve_window(window_size, causal)
     if out is not None:
-        _check_out(out, q)
+        _check_out(out, q, rows_q)
         tensors = {**tensors, "out": out}
     _check_devices(tensors, require_cuda)
     if check_pointers:
@@ -423,7 +437,7 @@ def _check_common(
     return scale, window
 
 
-def _check_strides(name: str, t: torch.Tensor) -> None:
+def _check_strides(name: str, t: torch.Tensor, sequence_rows: int | None = None) -> None:
     # The kernel copies whole 16-byte vectors of a row, so a row's elements must be adjacent
     # and every row must start on a 16-byte boundary: the strides of all dims but the last are
     # whole multiples of 16 bytes (the base address is check_data_pointers' business).
@@ -432,12 +446,15 @@ def _check_strides(name: str, t: torch.Tensor) -> None:
             f"{name} must be contiguous in its last dim (head_dim), got strides "
             f"{t.stride()}; call {name}.contiguous()"
         )
-    # The kernel indexes with 32-bit integers.
-    extent = _extent(t)
+    # Batch offsets are 64-bit; within one batch element (dense) or one packed sequence of
+    # at most ``sequence_rows`` rows the kernels index with 32-bit integers.
+    extent = _sequence_extent(t, sequence_rows)
     if extent >= 2**31:
+        what = "one batch element" if sequence_rows is None else "one sequence"
         raise ValueError(
-            f"{name} spans {extent} elements; attnlab kernels index with 32-bit integers "
-            f"(at most {2**31 - 1}): split the batch"
+            f"{name}: {what} spans {extent} elements; attnlab kernels index within a sequence "
+            f"with 32-bit integers (at most {2**31 - 1} elements): use fewer heads per call or "
+            f"shorter sequences"
         )
     elem = t.element_size()
     bad = [s for s in t.stride()[:-1] if (s * elem) % COPY_ALIGN_BYTES]
@@ -447,6 +464,14 @@ def _check_strides(name: str, t: torch.Tensor) -> None:
             f"{COPY_ALIGN_BYTES // elem} elements ({COPY_ALIGN_BYTES} bytes) for 128-bit "
             f"copies, got strides {t.stride()}; call {name}.contiguous()"
         )
+
+
+def _sequence_extent(t: torch.Tensor, sequence_rows: int | None) -> int:
+    """Elements spanned by one batch element of a dense ``t``, or by ``sequence_rows`` rows of
+    a packed one."""
+    if sequence_rows is None:
+        return _extent(t[0]) if t.shape[0] else 0
+    return (max(sequence_rows, 1) - 1) * t.stride(0) + _extent(t[0]) if t.shape[0] else 0
 
 
 def _extent(t: torch.Tensor) -> int:
@@ -498,14 +523,14 @@ def _resolve_window(window_size: object, causal: object) -> tuple[int, int]:
     return int(left), 0 if causal else int(right)
 
 
-def _check_out(out: torch.Tensor, q: torch.Tensor) -> None:
+def _check_out(out: torch.Tensor, q: torch.Tensor, sequence_rows: int | None) -> None:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if out.shape != q.shape:
         raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     if out.dtype != q.dtype:
         raise TypeError(f"out must have q's dtype {q.dtype}, got {out.dtype}")
-    _check_strides("out", out)
+    _check_strides("out", out, sequence_rows)
 
 
 def _check_devices(tensors: dict[str, torch.Tensor], require_cuda: bool) -> None:

@@ -1,7 +1,9 @@
 """Peers measured in the same process on the same inputs as attnlab.
 
-torch SDPA's backends are always there (flash = the official FlashAttention-2); the
-``flash_attn`` package is added when it is importable. Every peer takes BSHD tensors and a scale.
+torch SDPA's backends are always there (flash = the official FlashAttention-2, cudnn = cuDNN's
+fused attention); FA4 (``flash_attn.cute`` from the ``flash-attn-4`` package, the CuTe DSL
+FlashAttention) and the FlashAttention-2 package (``flash_attn``) are added when importable.
+Every peer takes BSHD tensors and a scale, and allocates its output as a user's call does.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def sdpa(backend: str) -> PeerFn:
 
 
 def flash_attn() -> PeerFn:
-    """The ``flash_attn`` package's ``flash_attn_func`` (BSHD natively)."""
+    """The FlashAttention-2 package's ``flash_attn_func`` (BSHD natively)."""
     from flash_attn import flash_attn_func
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -52,9 +54,40 @@ def flash_attn() -> PeerFn:
     return run
 
 
+def fa4() -> PeerFn:
+    """FA4: ``flash_attn.cute.flash_attn_func`` (BSHD natively; returns ``(out, lse)``)."""
+    from flash_attn.cute import flash_attn_func
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            causal: bool = False) -> torch.Tensor:
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)[0]
+
+    return run
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package that is missing or fails to import
+        return False
+
+
+#: Peers beyond torch: name -> (module that must import, factory).
+OPTIONAL_PEERS: dict[str, tuple[str, Callable[[], PeerFn]]] = {
+    "fa4": ("flash_attn.cute", fa4),
+    # flash-attn-4 also installs a ``flash_attn`` package (for ``flash_attn.cute``): the
+    # FlashAttention-2 package is the one with ``flash_attn_interface``.
+    "flash_attn": ("flash_attn.flash_attn_interface", flash_attn),
+}
+
+
 def available_peers() -> dict[str, PeerFn]:
     """Every peer this machine can run, the reference (``sdpa_flash``) first."""
     peers = {name: sdpa(name) for name in SDPA_BACKENDS}
-    if importlib.util.find_spec("flash_attn") is not None:
-        peers["flash_attn"] = flash_attn()
+    for name, (module, factory) in OPTIONAL_PEERS.items():
+        if _importable(module):
+            try:
+                peers[name] = factory()
+            except Exception:  # importable but broken (e.g. a mismatched CuTe DSL): skip it
+                continue
     return peers

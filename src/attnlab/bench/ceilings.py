@@ -55,20 +55,18 @@ def matmul_rate(runs: int = 20, n: int = 8192) -> float:
 def mma_sync_rate(runs: int = 20, ctas_per_sm: int = 4) -> float:
     """FLOP/s of bf16 ``mma.sync`` m16n8k16 from registers, ``ctas_per_sm`` CTAs of 8 warps
     per SM (8 warps per sub-partition: far more than its tensor pipe needs)."""
-    import cuda.bindings.driver as cuda
     import cutlass
-    import cutlass.cute as cute
 
+    from attnlab import device
+    from attnlab.jit import compile_kernel
     from attnlab.kernels.sm80.mma_rate import MmaSyncRate
 
     probe = MmaSyncRate(cutlass.BFloat16)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    num_ctas = props.multi_processor_count * ctas_per_sm
+    gpu = device.info()
+    num_ctas = gpu.multiprocessors * ctas_per_sm
     out = torch.empty(num_ctas * 32 * probe.num_warps, device="cuda", dtype=torch.float32)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    args = probe.signature(out.data_ptr(), num_ctas, stream)
-    kernel = cute.compile(probe, *args)
-    timing = time_calls(lambda i: kernel(*args), warmup=3, runs=runs)
+    kernel = compile_kernel(probe, probe.fake_args(), arch=gpu.arch)
+    timing = time_calls(lambda i: kernel(out, num_ctas), warmup=3, runs=runs)
     if not torch.isfinite(out).all():
         raise RuntimeError("the mma.sync probe produced non-finite sums")
     return probe.flops(num_ctas) / (timing.median_ms * 1e-3)

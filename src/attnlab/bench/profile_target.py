@@ -1,8 +1,8 @@
 """The program Nsight Compute profiles: exactly one launch of one implementation.
 
 ``python -m attnlab.bench.profile_target --impl attnlab --config k07 --shape 4,4096,4096,16,128``
-compiles first (compiling launches nothing), then launches once, so ``ncu -c 1`` with a kernel
-name filter catches that launch and no warm-up.
+calls ``attention()`` once (it compiles or loads the kernel, then launches it once), so
+``ncu -c 1`` with a kernel name filter catches that launch and no warm-up.
 """
 
 from __future__ import annotations
@@ -29,16 +29,10 @@ def main(argv: list[str] | None = None) -> None:
     v = torch.randn_like(k)
     scale = 1.0 / math.sqrt(head_dim)
     if args.impl == "attnlab":
-        from attnlab.compile import get_forward_kernel
-        from attnlab.dispatch import arch_of
+        from attnlab.api import attention
         from attnlab.ladder import resolve
-        from attnlab.runtime import launch_forward
 
-        config = resolve(args.config)
-        get_forward_kernel(config, arch_of(q.device), args.dtype, head_dim)
-        out = torch.empty_like(q)
-        lse = torch.empty(batch, heads, seqlen_q, device="cuda")
-        launch_forward(q, k, v, out, lse, scale, config)
+        attention(q, k, v, softmax_scale=scale, config=resolve(args.config))
     else:
         from attnlab.bench.baselines import sdpa
 

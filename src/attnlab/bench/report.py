@@ -12,7 +12,9 @@ from rich.table import Table
 
 from attnlab.bench.runner import REFERENCE, Point, Result, harmonic_mean, ratios
 
-SCHEMA_VERSION = 1
+#: 2 added the device-only timing beside the end-to-end one; files of schema 1 (end to end
+#: unknown: their ``timing`` was device only) still load, as device-only results.
+SCHEMA_VERSION = 2
 #: Bench plot panels per row: one row per dtype for the default grid (2 head dims x 2 masks).
 PANELS_PER_ROW = 4
 
@@ -26,11 +28,12 @@ def impl_names(results: Sequence[Result]) -> list[str]:
 
 
 def bench_table(results: Sequence[Result], title: str) -> Table:
-    """One row per point: TFLOP/s of each implementation, and each one's ratio to the reference."""
+    """One row per point: TFLOP/s of each implementation end to end (device only in
+    parentheses), and each one's ratio to the reference, the same two ways."""
     names = impl_names(results)
     by_key = {(r.point, r.impl): r for r in results}
-    ratio = ratios(results)
-    table = Table(title=title)
+    ratio, device_ratio = ratios(results), ratios(results, device=True)
+    table = Table(title=title, caption="end to end (device only)")
     table.add_column("problem")
     for name in names:
         table.add_column(f"{name}\nTFLOP/s", justify="right")
@@ -41,11 +44,13 @@ def bench_table(results: Sequence[Result], title: str) -> Table:
         cells = [point.label()]
         for name in names:
             r = by_key.get((point, name))
-            cells.append(f"{r.tflops:.1f}" if r and r.tflops else "[red]failed[/red]")
+            cells.append(f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r and r.tflops
+                         and r.device_tflops else "[red]failed[/red]")
         for name in names:
             if name != REFERENCE:
-                value = ratio.get((point, name))
-                cells.append("" if value is None else _ratio_text(value))
+                value, dev = ratio.get((point, name)), device_ratio.get((point, name))
+                cells.append("" if value is None or dev is None
+                             else f"{_ratio_text(value)} ({dev:.2f})")
         table.add_row(*cells)
     return table
 
@@ -87,6 +92,24 @@ def plot_bench(results: Sequence[Result], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def host_table(results: Sequence[object], first_call: dict[str, float], title: str) -> Table:
+    """Microseconds per call on small problems (``bench.host``), and the first-call seconds."""
+    table = Table(title=title, caption=(
+        "first call of a fresh process: "
+        f"{first_call['cold_compile_first_call_s']:.2f} s compiling, "
+        f"{first_call['warm_disk_cache_first_call_s']:.3f} s from the disk cache "
+        f"(import attnlab {first_call['warm_disk_cache_import_s']:.3f} s)"))
+    for column in ("problem", "implementation", "host us/call", "end to end us/call",
+                   "device us/call"):
+        table.add_column(column, justify="left" if column in ("problem", "implementation")
+                         else "right")
+    for r in results:
+        cells = [f"{v:.1f}" if v is not None else "[red]failed[/red]"
+                 for v in (r.host_us, r.end_to_end_us, r.device_us)]
+        table.add_row(r.point.label(), r.impl, *cells)
+    return table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +208,7 @@ def environment() -> dict[str, object]:
     """What the numbers were measured on."""
     import torch
 
-    from attnlab.compile import dsl_version
+    from attnlab.kernel_cache import dsl_version
 
     env: dict[str, object] = {"torch": torch.__version__, "python": platform.python_version(),
                               "cutlass_dsl": dsl_version()}
@@ -196,7 +219,7 @@ def environment() -> dict[str, object]:
 
 
 def write_json(path: Path, kind: str, results: Sequence[Result], **extra: object) -> Path:
-    """``{"schema": 1, "kind": ..., "environment": ..., "results": [...], ...extra}``."""
+    """``{"schema": 2, "kind": ..., "environment": ..., "results": [...], ...extra}``."""
     payload = {"schema": SCHEMA_VERSION, "kind": kind, "environment": environment(),
                "reference": REFERENCE, "results": [r.to_dict() for r in results]}
     payload.update({k: [asdict(x) for x in v] if isinstance(v, list) else v
@@ -210,8 +233,15 @@ def load_results(path: Path) -> list[Result]:
     from attnlab.bench.timing import Timing
 
     payload = json.loads(Path(path).read_text())
-    if payload.get("schema") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: unsupported schema {payload.get('schema')!r}")
-    return [Result(Point(**r["point"]), r["impl"],
-                   Timing(**r["timing"]) if r["timing"] else None, r["error"])
-            for r in payload["results"]]
+    schema = payload.get("schema")
+    if schema not in (1, SCHEMA_VERSION):
+        raise ValueError(f"{path}: unsupported schema {schema!r}")
+
+    def timing(r: dict, field: str) -> Timing | None:
+        return Timing(**r[field]) if r.get(field) else None
+
+    if schema == 1:
+        return [Result(Point(**r["point"]), r["impl"], None, r["error"], timing(r, "timing"))
+                for r in payload["results"]]
+    return [Result(Point(**r["point"]), r["impl"], timing(r, "timing"), r["error"],
+                   timing(r, "device_timing")) for r in payload["results"]]

@@ -18,6 +18,8 @@ from attnlab.bench.timing import (
     TimedCallError,
     Timing,
     attention_flops,
+    calls_per_span,
+    sample_back_to_back,
     sample_interleaved,
     summarize,
     tflops,
@@ -69,21 +71,31 @@ class Point:
 
 @dataclass(frozen=True)
 class Result:
-    """One implementation timed at one point."""
+    """One implementation timed at one point: ``timing`` end to end (host and device, what an
+    eager caller sees: the headline), ``device_timing`` the kernels alone."""
 
     point: Point
     impl: str
     timing: Timing | None
     error: str | None = None
+    device_timing: Timing | None = None
 
     @property
     def tflops(self) -> float | None:
         return tflops(self.point.flops, self.timing.median_ms) if self.timing else None
 
+    @property
+    def device_tflops(self) -> float | None:
+        if self.device_timing is None:
+            return None
+        return tflops(self.point.flops, self.device_timing.median_ms)
+
     def to_dict(self) -> dict[str, object]:
         return {"point": asdict(self.point), "impl": self.impl,
                 "timing": self.timing.to_dict() if self.timing else None,
-                "tflops": self.tflops, "error": self.error}
+                "tflops": self.tflops, "error": self.error,
+                "device_timing": self.device_timing.to_dict() if self.device_timing else None,
+                "device_tflops": self.device_tflops}
 
 
 def tokens_grid(tokens: int, hidden: int, seqlens: Iterable[int], head_dims: Iterable[int],
@@ -103,44 +115,14 @@ def tokens_grid(tokens: int, hidden: int, seqlens: Iterable[int], head_dims: Ite
     return points
 
 
-def attnlab_impl(config: FlashConfig) -> AttentionFn:
-    """attnlab's kernel with ``config``, launched into preallocated outputs."""
-    from attnlab.runtime import launch_forward
-
-    outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> None:
-        # One output pair per input set: allocation stays off the timed path. The shape is
-        # part of the key: the next point's inputs may reuse a freed set's memory.
-        key = (q.data_ptr(), q.shape, q.dtype)
-        if key not in outputs:
-            outputs[key] = (torch.empty_like(q), torch.empty(
-                q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32))
-        launch_forward(q, k, v, *outputs[key], scale, config,
-                       window=(-1, 0) if causal else (-1, -1))
-
-    return run
-
-
-def dispatched_impl() -> AttentionFn:
-    """attnlab as ``attention()`` runs it: the config dispatch picks for each problem."""
-    from attnlab import dispatch
-    from attnlab.validation import check_inputs
-
-    configs: dict[tuple, FlashConfig] = {}
-    inner: dict[FlashConfig, AttentionFn] = {}
+def attnlab_impl(config: FlashConfig | None = None) -> AttentionFn:
+    """attnlab as a user calls it: ``attention()``, which allocates its output, with
+    ``config`` or (None) the config it picks for the problem."""
+    from attnlab.api import attention
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> None:
-        key = (q.shape, k.shape, q.dtype, causal)
-        if key not in configs:
-            configs[key] = dispatch.default_config(q.device,
-                                                   check_inputs(q, k, v, causal=causal))
-        cfg = configs[key]
-        if cfg not in inner:
-            inner[cfg] = attnlab_impl(cfg)
-        inner[cfg](q, k, v, scale, causal)
+            causal: bool = False) -> torch.Tensor:
+        return attention(q, k, v, softmax_scale=scale, causal=causal, config=config)
 
     return run
 
@@ -167,12 +149,14 @@ def measure_point(point: Point, impls: dict[str, AttentionFn], *, runs: int = 30
                   warmup: int = 5, on_impl: Callable[[str], None] | None = None,
                   sets: list[tuple[torch.Tensor, ...]] | None = None,
                   clock: Clock | None = None) -> list[Result]:
-    """Time each implementation at one point; a failing implementation records its error.
+    """Time each implementation at one point, device only and end to end; a failing
+    implementation records its error.
 
-    The implementations are timed round-robin (``timing.sample_interleaved``), so a GPU
-    whose clocks drift during the point favours none of them. ``on_impl(name)`` is called
-    as each implementation is done (progress). ``sets`` (default: ``input_sets(point)``) and
-    ``clock`` (default: CUDA events) let tests run it without a GPU.
+    Both timings go round-robin over the implementations (``timing``), so a GPU whose clocks
+    drift during the point favours none of them; the end-to-end spans hold as many calls as
+    make them last ``timing.SPAN_MS``, judged from the device time. ``on_impl(name)`` is
+    called as each implementation is done (progress). ``sets`` (default:
+    ``input_sets(point)``) and ``clock`` (default: CUDA events) let tests run it without a GPU.
     """
     sets = input_sets(point) if sets is None else sets
     scale = 1.0 / math.sqrt(point.head_dim)
@@ -186,21 +170,29 @@ def measure_point(point: Point, impls: dict[str, AttentionFn], *, runs: int = 30
             errors[name] = f"{type(exc).__name__}: {exc}"
             if on_impl is not None:
                 on_impl(name)
-    samples: dict[str, list[float]] = {}
-    while active and not samples:
+    device: dict[str, list[float]] = {}
+    end_to_end: dict[str, list[float]] = {}
+    while active and not end_to_end:
         try:
-            samples = sample_interleaved(active, warmup=warmup, runs=runs,
-                                         rotations=len(sets), clock=clock)
+            if not device:
+                device = sample_interleaved(active, warmup=warmup, runs=runs,
+                                            rotations=len(sets), clock=clock)
+            calls = {name: calls_per_span(summarize(device[name]).median_ms)
+                     for name in active}
+            end_to_end = sample_back_to_back(active, calls=calls, rounds=runs, warmup=warmup,
+                                             rotations=len(sets), clock=clock)
         except TimedCallError as exc:  # drop it, time the others again
             errors[exc.name] = str(exc)
             del active[exc.name]
+            device = {}
             if on_impl is not None:
                 on_impl(exc.name)
-    for name in samples:
+    for name in end_to_end:
         if on_impl is not None:
             on_impl(name)
     return [Result(point, name, None, errors[name]) if name in errors
-            else Result(point, name, summarize(samples[name])) for name in impls]
+            else Result(point, name, summarize(end_to_end[name]),
+                        device_timing=summarize(device[name])) for name in impls]
 
 
 def measure_grid(points: Sequence[Point], impls: dict[str, AttentionFn], *, runs: int = 30,
@@ -215,12 +207,17 @@ def measure_grid(points: Sequence[Point], impls: dict[str, AttentionFn], *, runs
     return results
 
 
-def ratios(results: Sequence[Result], reference: str = REFERENCE) -> dict[tuple[Point, str], float]:
-    """Speed of each (point, implementation) relative to the reference at the same point."""
-    ref_ms = {r.point: r.timing.median_ms for r in results
-              if r.impl == reference and r.timing is not None}
-    return {(r.point, r.impl): ref_ms[r.point] / r.timing.median_ms for r in results
-            if r.timing is not None and r.point in ref_ms}
+def ratios(results: Sequence[Result], reference: str = REFERENCE, *, device: bool = False
+           ) -> dict[tuple[Point, str], float]:
+    """Speed of each (point, implementation) relative to the reference at the same point, end
+    to end (or, with ``device``, device only)."""
+    def ms(r: Result) -> float | None:
+        timing = r.device_timing if device else r.timing
+        return timing.median_ms if timing is not None else None
+
+    ref_ms = {r.point: ms(r) for r in results if r.impl == reference and ms(r) is not None}
+    return {(r.point, r.impl): ref_ms[r.point] / ms(r) for r in results
+            if ms(r) is not None and r.point in ref_ms}
 
 
 def harmonic_mean(values: Sequence[float]) -> float:

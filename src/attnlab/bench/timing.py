@@ -1,4 +1,11 @@
-"""Timing GPU work the way the seeds compare kernels: CUDA events, warm-up, median of many runs.
+"""Timing GPU work: CUDA events, warm-up, median of many runs, two ways.
+
+* End to end (:func:`sample_back_to_back`), the headline: what an eager caller sees. Calls run
+  back to back with nothing queued ahead of them, so when a call's host side (validation,
+  allocation, launch) takes longer than the previous call's kernel, the device waits and the
+  time shows.
+* Device only (:func:`sample_interleaved`): the calls queue behind a device-side hold, so a
+  mark pair measures the kernels alone, whatever the host costs.
 
 ``fn(i)`` is called with a rotation index so callers can cycle through several input sets whose
 total size exceeds the L2 cache; otherwise repeated runs would time the cache, not the kernel.
@@ -7,7 +14,9 @@ total size exceeds the L2 cache; otherwise repeated runs would time the cache, n
 from __future__ import annotations
 
 import gc
+import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -141,6 +150,78 @@ def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int =
     clock.wait()
     return {name: [clock.elapsed_ms(start, stop) for start, stop in pairs]
             for name, pairs in marks.items()}
+
+
+#: A back-to-back span lasts at least this long (ms), so the marks' own cost is negligible.
+SPAN_MS = 2.0
+#: At most this many calls per span (small problems).
+MAX_CALLS_PER_SPAN = 50
+
+
+def calls_per_span(call_ms: float) -> int:
+    """Calls per end-to-end span for a call that takes about ``call_ms``."""
+    if call_ms <= 0:
+        return MAX_CALLS_PER_SPAN
+    return max(1, min(MAX_CALLS_PER_SPAN, math.ceil(SPAN_MS / call_ms)))
+
+
+def sample_back_to_back(fns: dict[str, Callable[[int], object]], *, calls: dict[str, int],
+                        rounds: int = 20, warmup: int = 3, rotations: int = 1,
+                        clock: Clock | None = None) -> dict[str, list[float]]:
+    """End-to-end milliseconds per call of each function: per round, ``calls[name]`` calls
+    back to back between two marks, the span divided by the calls.
+
+    Rounds go round-robin over the functions (alternate rounds reversed), as in
+    :func:`sample_interleaved`; the device is drained before every span, so nothing queued
+    earlier hides the host side of the calls. Call ``k`` of a function gets input set
+    ``k % rotations``. A function that raises is reported as ``TimedCallError``.
+    """
+    if rounds < 1 or warmup < 0 or rotations < 1:
+        raise ValueError(f"need rounds >= 1, warmup >= 0, rotations >= 1; got {rounds}, "
+                         f"{warmup}, {rotations}")
+    clock = clock if clock is not None else CudaEventClock()
+    names = list(fns)
+    counts = dict.fromkeys(names, 0)
+
+    def call(name: str) -> None:
+        try:
+            fns[name](counts[name] % rotations)
+        except Exception as exc:
+            raise TimedCallError(name, exc) from exc
+        counts[name] += 1
+
+    for _ in range(warmup):
+        for name in names:
+            call(name)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            clock.wait()
+            start = clock.mark()
+            for _ in range(calls[name]):
+                call(name)
+            stop = clock.mark()
+            clock.wait()
+            samples[name].append(clock.elapsed_ms(start, stop) / calls[name])
+    return samples
+
+
+def host_us_per_call(fn: Callable[[int], object], *, calls: int = 2000, warmup: int = 50,
+                     rotations: int = 1) -> float:
+    """Host microseconds per call: wall time of ``calls`` calls enqueued without waiting,
+    divided by the calls. Meaningful when the device keeps up (small problems): then the host
+    side (Python, validation, allocation, launch) is the whole cost of a call."""
+    import torch
+
+    for i in range(warmup):
+        fn(i % rotations)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i % rotations)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def time_calls(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,

@@ -1,8 +1,8 @@
 """The ``attnlab`` command line: thin typer commands over library functions that tests call too.
 
 Commands live in one module per concern and register themselves on ``app``:
-``measure`` (bench, ladder, tune), ``explain`` (sass, banks, occupancy) and ``profile``
-(profile, roofline: Nsight Compute on a GPU).
+``measure`` (bench, ladder, tune), ``explain`` (sass, banks, occupancy), ``profile``
+(profile, roofline: Nsight Compute on a GPU) and ``cache`` (the compiled-kernel cache).
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ app = typer.Typer(
 )
 
 # Imported for their side effect of registering commands on ``app``.
-from attnlab.cli import explain, measure, profile  # noqa: E402,F401
+from attnlab.cli import cache, explain, measure, profile  # noqa: E402,F401
 
 __all__ = ["app"]

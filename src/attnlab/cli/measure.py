@@ -96,12 +96,20 @@ def bench(
     quick: bool = typer.Option(False, help=f"seqlens {QUICK_SEQLENS}, hd128, bf16, full, "
                                            "20 runs."),
     runs: int = typer.Option(30, min=20, help="Timed runs per measurement (median reported)."),
+    host: bool = typer.Option(False, help="Time the host side instead: microseconds per call "
+                              "on small problems, and a fresh process's first call."),
     out: Path = OUT_OPTION,
 ) -> None:
-    """attnlab against torch SDPA (flash, cudnn, efficient) and other installed peers."""
+    """attnlab against torch SDPA (flash, cudnn, efficient), FA4 and other installed peers.
+
+    TFLOP/s end to end (host and device, back-to-back eager calls: what a user sees), with the
+    device-only figure beside it."""
     from attnlab.bench.report import bench_table, plot_bench, write_json
     from attnlab.bench.runner import measure_grid, tokens_grid
 
+    if host:
+        _bench_host(_bench_impls(config, impls), out)
+        return
     if quick:
         seqlens, head_dims, dtypes, runs, mode = QUICK_SEQLENS, "128", "bf16", 20, "full"
     points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
@@ -120,12 +128,33 @@ def bench(
     console.print(f"wrote {json_path} and {png_path}")
 
 
+def _bench_host(implementations: dict, out: Path) -> None:
+    import json
+
+    from attnlab.bench.host import HOST_POINTS, first_call_seconds, measure_host
+    from attnlab.bench.report import host_table
+
+    require_gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        task = progress.add_task("host", total=len(HOST_POINTS) + 1)
+        results = measure_host(HOST_POINTS, implementations,
+                               on_point=lambda p: progress.advance(task))
+        first = first_call_seconds()
+        progress.advance(task)
+    console.print(host_table(results, first, _device_title("attnlab bench --host")))
+    path = out / "host.json"
+    path.write_text(json.dumps({"results": [r.to_dict() for r in results],
+                                "first_call": first}, indent=1))
+    console.print(f"wrote {path}")
+
+
 def _bench_impls(config: str | None, subset: str | None) -> dict:
     from attnlab.bench.baselines import available_peers
-    from attnlab.bench.runner import REFERENCE, attnlab_impl, dispatched_impl
+    from attnlab.bench.runner import REFERENCE, attnlab_impl
     from attnlab.ladder import resolve
 
-    impls = {"attnlab": attnlab_impl(_resolve(resolve, config)) if config else dispatched_impl()}
+    impls = {"attnlab": attnlab_impl(_resolve(resolve, config) if config else None)}
     impls.update(available_peers())
     if subset:
         wanted = [name.strip() for name in subset.split(",") if name.strip()]
@@ -186,7 +215,7 @@ def ladder(
     require_gpu()
     import torch
 
-    from attnlab.dispatch import arch_of
+    from attnlab.device import arch_of
 
     configs = ladder_configs.named_for(arch_of(torch.device("cuda")), head_dim)
     impls = {REFERENCE: sdpa(REFERENCE)}
@@ -251,16 +280,16 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
 
     import torch
 
-    from attnlab import dispatch
+    from attnlab import api, device, dispatch
     from attnlab.analysis.occupancy import current_device_spec
     from attnlab.bench.runner import tokens_grid
-    from attnlab.compile import dsl_version
-    from attnlab.ladder import default_for
+    from attnlab.kernel_cache import dsl_version
+    from attnlab.policy import default_for
     from attnlab.tune.search import prune_space, time_candidates
     from attnlab.tune.space import knob_neighbours, search_space
 
-    device = torch.device("cuda")
-    arch = dispatch.arch_of(device)
+    gpu = device.info(torch.device("cuda"))
+    arch = gpu.arch
     space = search_space(wide)
     outcomes = []
     with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
@@ -293,11 +322,12 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
                 outcomes.append(outcome)
     for outcome in outcomes:
         point = outcome.point
-        cache.put(dispatch.tune_key(device, dtype_name, head_dim, point.seqlen_q, point.causal),
+        cache.put(dispatch.tune_key(gpu, dtype_name, head_dim, point.seqlen_q, point.causal),
                   outcome.best, best_ms=outcome.best_ms, default_ms=outcome.default_ms,
                   shape=point.label(), dsl_version=dsl_version())
     path = cache.save()
     dispatch.reload_tune_cache()
+    api.forget_calls()
     console.print(_outcome_table(outcomes))
     console.print(f"cache: {path}")
 

@@ -2,8 +2,9 @@
 
 Windows follow FlashAttention-2: with ``off = Sk - Sq`` (the diagonal is bottom-right aligned),
 row ``i`` attends key ``j`` iff ``i + off - left <= j <= i + off + right``; causal is
-``(left, right) = (unbounded, 0)``. The host passes an unbounded side as ``UNBOUNDED``, a number
-larger than any sequence, so the same arithmetic serves every case without branches.
+``(left, right) = (unbounded, 0)``. The host passes an unbounded side as
+``kernels.abi.UNBOUNDED_SIDE``, a number larger than any sequence, so the same arithmetic serves
+every case without branches.
 
 Three uses: the K/V block range of a CTA (blocks wholly outside the band are never loaded), the
 block bounds that split the main loop into masked and unmasked phases, and the element mask,
@@ -14,9 +15,6 @@ import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.common.layouts import acc_mn_view
-
-#: An unbounded window side (sequences are validated to stay below 2**30 rows).
-UNBOUNDED = 1 << 30
 
 
 def kv_block_range(row0, seqlen_q, seqlen_k, left, right, block_m: int, block_n: int,

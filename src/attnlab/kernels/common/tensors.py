@@ -1,34 +1,51 @@
-"""The global-memory tensors of a forward launch, built from raw pointers, sizes and strides."""
+"""The global-memory tensors of a forward launch, in the one view both kernels index.
+
+A launch passes q/k/v/out as dense ``[B, S, H, D]`` or packed ``[total, H, D]`` tensors
+(``kernels.abi``); the kernels index ``(batch, row, head, d)`` either way, a packed tensor
+being a batch of one whose sequences ``cu_seqlens`` locate.
+
+Offsets are 64-bit where a tensor may pass 2**31 elements: the batch stride (typed 64-bit in
+the ABI) and a packed sequence's first row (``sequence_rows``). Within one batch element or
+sequence the tile arithmetic stays 32-bit, which validation guarantees is enough.
+"""
 
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.abi import STRIDE_DIVISIBILITY
 
-def problem_tensors(q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
-                    o_ptr: cute.Pointer, lse_ptr: cute.Pointer, q_shape: tuple, k_shape: tuple,
-                    strides: tuple, lse_strides: tuple, head_dim: int,
-                    static_strides: tuple | None = None) -> tuple:
-    """``(mQ, mK, mV, mO, mLSE)``: Q/K/V/O as (batch, rows, heads, head_dim), LSE as
-    (batch, head, row).
+_ELEMENT_TYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
-    ``strides`` are the (batch, row, head) strides of Q, K, V, O, multiples of 8 elements (what
-    validation guarantees, stated so 16-byte copies vectorise); the head dim is contiguous.
-    ``static_strides`` ((row, head) of each, or None) are compiled in instead of the given
-    row and head strides (kernel 16).
-    """
 
-    def bshd(ptr, shape, st, which):
-        row, head = cute.assume(st[1], divby=8), cute.assume(st[2], divby=8)
-        if cutlass.const_expr(static_strides is not None):
-            row, head = static_strides[which]
-        return cute.make_tensor(ptr, cute.make_layout(
-            (shape[0], shape[1], shape[2], head_dim),
-            stride=(cute.assume(st[0], divby=8), row, head, 1)))
+def element_type(dtype: str) -> type[cutlass.Numeric]:
+    """The CuTe element type of a dtype name (``"float16"``, ``"bfloat16"``)."""
+    return _ELEMENT_TYPES[dtype]
 
-    mQ = bshd(q_ptr, q_shape, strides[0], 0)
-    mK = bshd(k_ptr, k_shape, strides[1], 1)
-    mV = bshd(v_ptr, k_shape, strides[2], 2)
-    mO = bshd(o_ptr, q_shape, strides[3], 3)
-    mLSE = cute.make_tensor(lse_ptr, cute.make_layout(
-        (q_shape[0], q_shape[2], q_shape[1]), stride=(lse_strides[0], lse_strides[1], 1)))
-    return mQ, mK, mV, mO, mLSE
+
+def _with_batch_mode(t: cute.Tensor) -> cute.Tensor:
+    """A packed tensor as a batch of one (batch stride 0)."""
+    return cute.make_tensor(t.iterator, cute.make_layout((1, *t.shape), stride=(0, *t.stride)))
+
+
+def problem_tensors(q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                    lse: cute.Tensor | None, varlen: bool) -> tuple:
+    """``(mQ, mK, mV, mO, mLSE)``: Q/K/V/O as (batch, rows, heads, head_dim), the LSE as
+    (batch, head, row) or None when the launch writes none."""
+    tensors = (q, k, v, out, lse)
+    if varlen:
+        tensors = tuple(t if t is None else _with_batch_mode(t) for t in tensors)
+    return tensors
+
+
+@cute.jit
+def sequence_rows(tensor: cute.Tensor, batch, start, head) -> cute.Tensor:
+    """The (rows, head_dim) view of one sequence and head, starting at row ``start`` of its
+    batch element: 0 (a Python int) for dense batches, a ``cu_seqlens`` entry for packed ones,
+    whose row offset is taken in 64 bits (a packed tensor may pass 2**31 elements)."""
+    rows = tensor[batch, None, head, None]
+    if cutlass.const_expr(isinstance(start, int)):
+        return cute.domain_offset((start, 0), rows)
+    # A whole number of rows: as aligned as the row stride (validated multiple of 8).
+    offset = cute.assume(cutlass.Int64(start) * cutlass.Int64(rows.stride[0]),
+                         divby=STRIDE_DIVISIBILITY)
+    return cute.make_tensor(rows.iterator + offset, rows.layout)

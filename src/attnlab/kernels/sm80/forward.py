@@ -43,7 +43,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from attnlab.config import FRAG_COLS, MMA_K, ConfigError, FlashConfig
+from attnlab.config import FRAG_COLS, MMA_K, ConfigError
+from attnlab.kernels.abi import ForwardSpec
 from attnlab.kernels.common.epilogue import store_lse
 from attnlab.kernels.common.layouts import (
     acc_as_operand_a,
@@ -54,7 +55,7 @@ from attnlab.kernels.common.layouts import (
 )
 from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import problem_tensors
+from attnlab.kernels.common.tensors import element_type, problem_tensors, sequence_rows
 
 #: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
 COPY_BITS = 128
@@ -63,32 +64,25 @@ K, V = 0, 1
 
 
 class FlashForwardSm80:
-    """Compile-time description of one forward kernel: a config, a head dim and a dtype.
+    """Compile-time description of one ``mma.sync`` forward kernel (a ``ForwardSpec``).
 
-    Call (through ``cute.compile``) with pointers to Q, K, V, O (BSHD) and to a contiguous
-    ``[B, H, Sq]`` fp32 LSE, the sizes, the (batch, seq, head) strides, the softmax scale and a
-    CUDA stream.
+    Called (through ``cute.compile``) with the ``kernels.abi.ForwardArgs`` and a CUDA stream.
     """
 
-    def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
-                 windowed: bool = False, varlen: bool = False,
-                 static_strides: tuple | None = None):
-        config.check_problem(head_dim, arch=None)
-        if config.tma_kv_loads and varlen:
+    def __init__(self, spec: ForwardSpec):
+        config = spec.config
+        config.check_problem(spec.head_dim, arch=None)
+        if config.tma_kv_loads and spec.varlen:
             raise ConfigError(
                 "tma_kv_loads does not serve packed (varlen) sequences: a tile past the end of "
                 "one sequence would read the next instead of zeros; use cp.async loads")
-        if config.static_strides != (static_strides is not None):
-            raise ValueError("static_strides are given exactly when config.static_strides")
         self.cfg = config
-        # ((row, head) strides of Q, K, V, O) compiled in, or None: taken at launch.
-        self.static_strides = static_strides
-        self.head_dim = head_dim
+        self.head_dim = spec.head_dim
         # Column chunks of O += P V (kernel 15's tiling along d_head).
-        self.v_chunks = head_dim // config.d_head_tile if config.d_head_tile else 1
-        self.dtype = dtype
-        self.windowed = windowed
-        self.varlen = varlen
+        self.v_chunks = spec.head_dim // config.d_head_tile if config.d_head_tile else 1
+        self.dtype = element_type(spec.dtype)
+        self.windowed = spec.windowed
+        self.varlen = spec.varlen
 
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copy atoms, tiled MMA, launch
@@ -96,45 +90,24 @@ class FlashForwardSm80:
     @cute.jit
     def __call__(
         self,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        cu_q_ptr: cute.Pointer,
-        cu_k_ptr: cute.Pointer,
-        q_shape: tuple,
-        k_shape: tuple,
-        q_strides: tuple,
-        k_strides: tuple,
-        v_strides: tuple,
-        o_strides: tuple,
-        lse_strides: tuple,
-        num_seqs: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        window: tuple,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        out: cute.Tensor,
+        lse: cute.Tensor | None,
+        cu_seqlens_q: cute.Tensor | None,
+        cu_seqlens_k: cute.Tensor | None,
         softmax_scale: cutlass.Float32,
-        persistent_ctas: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        num_ctas: cutlass.Int32 | None,
         stream: cuda.CUstream,
     ):
-        """Build the tensors from raw pointers and launch.
-
-        ``q_shape``/``k_shape`` are (batch, rows, heads) of the tensors: dense BSHD, or for
-        varlen (1, total rows, heads) with ``cu_seqlens`` locating each sequence. Strides are
-        (batch, row, head), multiples of 8 elements; the head dim is contiguous. LSE is
-        (batch, head, row) with ``lse_strides`` = (batch, head) strides. ``window`` is
-        (left, right) with unbounded sides already replaced by ``mask.UNBOUNDED``.
-        ``persistent_ctas`` is the grid of a ``persistent`` config (ignored otherwise).
-        Raw pointers, rather than DLPack tensors, give one fixed signature for cross-compilation
-        and launch, and let us state what validation guarantees.
-        """
+        """Build the layouts and launch; the arguments are ``kernels.abi.ForwardArgs``."""
         D = self.head_dim
-
-        mQ, mK, mV, mO, mLSE = problem_tensors(
-            q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_shape, k_shape,
-            (q_strides, k_strides, v_strides, o_strides), lse_strides, D, self.static_strides)
-        mCuQ = cute.make_tensor(cu_q_ptr, cute.make_layout((num_seqs + 1,)))
-        mCuK = cute.make_tensor(cu_k_ptr, cute.make_layout((num_seqs + 1,)))
+        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, self.varlen)
+        num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
         sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim, cfg.kv_stages)
@@ -167,13 +140,13 @@ class FlashForwardSm80:
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
         num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
-        grid = (num_m_blocks, num_seqs, q_shape[2])
+        grid = (num_m_blocks, num_seqs, mQ.shape[2])
         if cutlass.const_expr(cfg.persistent):
-            grid = (persistent_ctas, 1, 1)
+            grid = (num_ctas, 1, 1)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window[0], window[1], softmax_scale, sQ_layout,
-            sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage, num_m_blocks, num_seqs,
-            kv_tma,
+            mQ, mK, mV, mO, mLSE, cu_seqlens_q, cu_seqlens_k, window_left, window_right,
+            softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma,
+            SharedStorage, num_m_blocks, num_seqs, kv_tma,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     def _shared_storage(self, sQ_layout, sKV_layout):
@@ -281,13 +254,11 @@ class FlashForwardSm80:
             n_max = n_min if row0 >= seqlen_q else n_max
 
         # ---- tiles of this CTA in global memory, and their coordinates --------------------
-        def rows_of(tensor, start, h):
-            return cute.domain_offset((start, 0), tensor[batch, None, h, None])
-
-        gQ = cute.local_tile(rows_of(mQ, q_start, head), (cfg.block_m, D), (m_block, 0))
+        gQ = cute.local_tile(sequence_rows(mQ, batch, q_start, head), (cfg.block_m, D),
+                             (m_block, 0))
         cQ = cute.make_identity_tensor((cfg.block_m, D))
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)[None, None, 0]
         # K and V: (block_n, D, kv_stages); a block's stage is picked when it is loaded/used.
@@ -312,7 +283,7 @@ class FlashForwardSm80:
             # Per thread: (global blocks, shared stages) of K and of V, and the tile
             # coordinates of its rows (for the zero-filled tail).
             kv_loads = (gmem_load, tuple(
-                (thr_load.partition_S(cute.local_tile(rows_of(m, k_start, head_kv),
+                (thr_load.partition_S(cute.local_tile(sequence_rows(m, batch, k_start, head_kv),
                                                       (cfg.block_n, D), (None, 0))),
                  thr_load.partition_D(smem)) for m, smem in ((mK, sK), (mV, sV))),
                 thr_load.partition_S(cute.make_identity_tensor((cfg.block_n, D))))
@@ -411,10 +382,11 @@ class FlashForwardSm80:
         self._wait_all_and_sync()
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        store_lse(mLSE, batch, head, q_start + row0, thr_mma, (cfg.block_m, D), lse_rows,
-                  q_rows_left)
-        self._store_o(rows_of(mO, q_start, head), m_block, sQ, acc_O, tiled_mma, gmem_store,
-                      tidx, q_rows_left)
+        if cutlass.const_expr(mLSE is not None):
+            store_lse(mLSE, batch, head, q_start + row0, thr_mma, (cfg.block_m, D), lse_rows,
+                      q_rows_left)
+        self._store_o(sequence_rows(mO, batch, q_start, head), m_block, sQ, acc_O, tiled_mma,
+                      gmem_store, tidx, q_rows_left)
 
     # ----------------------------------------------------------------------------------------
     # Pieces of the kernel

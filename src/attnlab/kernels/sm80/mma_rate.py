@@ -24,8 +24,8 @@ MMA_FLOPS = 2 * MMA_SHAPE[0] * MMA_SHAPE[1] * MMA_SHAPE[2]
 
 class MmaSyncRate:
     """Compile-time description: operand dtype, independent accumulators per warp, MMA
-    steps, warps per CTA. Call (through ``cute.compile``) with an fp32 output pointer (one
-    value per thread, so the MMAs are not dead code), the grid size and a CUDA stream."""
+    steps, warps per CTA. Call (through ``attnlab.jit.compile_kernel``) with an fp32 output
+    tensor of one value per thread (so the MMAs are not dead code) and the grid size."""
 
     def __init__(self, dtype: type[cutlass.Numeric], chains: int = 8, steps: int = 4096,
                  num_warps: int = 8):
@@ -39,20 +39,20 @@ class MmaSyncRate:
         return num_ctas * self.num_warps * self.steps * self.chains * MMA_FLOPS
 
     @staticmethod
-    def signature(out_ptr: int = 0, num_ctas: int = 1, stream=None) -> tuple:
-        """The launch arguments (placeholders when cross-compiling)."""
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
+    def fake_args() -> tuple:
+        """Compile-time stand-ins for the launch arguments (output tensor, grid size)."""
+        from cutlass.cute.runtime import make_fake_tensor
 
-        return (make_ptr(cutlass.Float32, out_ptr, cute.AddressSpace.gmem, assumed_align=4),
-                cutlass.Int32(num_ctas), make_fake_stream() if stream is None else stream)
+        out = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
+                               assumed_align=4)
+        return out, cutlass.Int32(1)
 
     @cute.jit
-    def __call__(self, out_ptr: cute.Pointer, num_ctas: cutlass.Int32, stream: cuda.CUstream):
-        mOut = cute.make_tensor(out_ptr, cute.make_layout(num_ctas * 32 * self.num_warps))
+    def __call__(self, out: cute.Tensor, num_ctas: cutlass.Int32, stream: cuda.CUstream):
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(self.dtype, cutlass.Float32, MMA_SHAPE), (1, 1, 1))
-        self.kernel(mOut, tiled_mma).launch(grid=(num_ctas, 1, 1),
-                                            block=[32 * self.num_warps, 1, 1], stream=stream)
+        self.kernel(out, tiled_mma).launch(grid=(num_ctas, 1, 1),
+                                           block=[32 * self.num_warps, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mOut: cute.Tensor, tiled_mma: cute.TiledMma):

@@ -29,14 +29,15 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
-from attnlab.config import WGMMA_M, ConfigError, FlashConfig
+from attnlab.config import WGMMA_M, ConfigError
+from attnlab.kernels.abi import ForwardSpec
 from attnlab.kernels.common.epilogue import store_lse
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
 from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import problem_tensors
+from attnlab.kernels.common.tensors import element_type, problem_tensors
 
 #: Registers per thread after ``setmaxnreg``: the producer warpgroup gives its registers to the
 #: consumers (3 warpgroups x 128 threads share the SM's 64K).
@@ -51,22 +52,19 @@ class FlashForwardSm90:
     a dtype. Called like ``FlashForwardSm80`` (same signature, so one launch path serves
     both)."""
 
-    def __init__(self, config: FlashConfig, head_dim: int, dtype: type[cutlass.Numeric],
-                 windowed: bool = False, varlen: bool = False,
-                 static_strides: tuple | None = None):
+    def __init__(self, spec: ForwardSpec):
+        config = spec.config
         if not config.wgmma:
             raise ConfigError("FlashForwardSm90 runs wgmma configs (FlashConfig.wgmma)")
-        config.check_problem(head_dim, arch=None)
-        if varlen:
+        config.check_problem(spec.head_dim, arch=None)
+        if spec.varlen:
             raise ConfigError(
                 "wgmma does not serve packed (varlen) sequences: a TMA tile past the end of one "
                 "sequence would read the next; use an mma.sync config")
-        if static_strides is not None:
-            raise ValueError("a wgmma kernel takes its strides from the TMA descriptors")
         self.cfg = config
-        self.head_dim = head_dim
-        self.dtype = dtype
-        self.windowed = windowed
+        self.head_dim = spec.head_dim
+        self.dtype = element_type(spec.dtype)
+        self.windowed = spec.windowed
         self.num_consumers = config.num_warps // 4
 
     # ----------------------------------------------------------------------------------------
@@ -75,33 +73,24 @@ class FlashForwardSm90:
     @cute.jit
     def __call__(
         self,
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        cu_q_ptr: cute.Pointer,
-        cu_k_ptr: cute.Pointer,
-        q_shape: tuple,
-        k_shape: tuple,
-        q_strides: tuple,
-        k_strides: tuple,
-        v_strides: tuple,
-        o_strides: tuple,
-        lse_strides: tuple,
-        num_seqs: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        window: tuple,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        out: cute.Tensor,
+        lse: cute.Tensor | None,
+        cu_seqlens_q: cute.Tensor | None,
+        cu_seqlens_k: cute.Tensor | None,
         softmax_scale: cutlass.Float32,
-        persistent_ctas: cutlass.Int32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        num_ctas: cutlass.Int32 | None,
         stream: cuda.CUstream,
     ):
-        """Build the TMA descriptors and launch (arguments as ``FlashForwardSm80``; the
-        ``cu_seqlens`` pointers and ``persistent_ctas`` are unused)."""
+        """Build the TMA descriptors and launch; the arguments are ``kernels.abi.ForwardArgs``
+        (dense only: no ``cu_seqlens``, no ``num_ctas``)."""
         cfg, D = self.cfg, self.head_dim
-        mQ, mK, mV, mO, mLSE = problem_tensors(
-            q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_shape, k_shape,
-            (q_strides, k_strides, v_strides, o_strides), lse_strides, D)
+        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, varlen=False)
         tile_qk = (cfg.block_m, cfg.block_n, D)
         tile_pv = (cfg.block_m, D, cfg.block_n)
         major_k, major_mn = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
@@ -126,22 +115,24 @@ class FlashForwardSm90:
 
         v_view = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q = cpasync.make_tiled_tma_atom(load, rows_first(mQ), self._stage(sQ_layout),
-                                            (cfg.block_m, D))
-        tma_k = cpasync.make_tiled_tma_atom(load, rows_first(mK), self._stage(sK_layout),
-                                            (cfg.block_n, D))
-        tma_v = cpasync.make_tiled_tma_atom(load, v_view, self._stage(sV_layout),
-                                            (D, cfg.block_n))
-        tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), rows_first(mO),
-                                            self._stage(sQ_layout), (cfg.block_m, D))
+        # (atom, coordinate tensor) pairs: what the kernel partitions and copies with.
+        tma_q = tuple(cpasync.make_tiled_tma_atom(load, rows_first(mQ),
+                                                  self._stage(sQ_layout), (cfg.block_m, D)))
+        tma_k = tuple(cpasync.make_tiled_tma_atom(load, rows_first(mK),
+                                                  self._stage(sK_layout), (cfg.block_n, D)))
+        tma_v = tuple(cpasync.make_tiled_tma_atom(load, v_view, self._stage(sV_layout),
+                                                  (D, cfg.block_n)))
+        tma_o = tuple(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(),
+                                                  rows_first(mO), self._stage(sQ_layout),
+                                                  (cfg.block_m, D)))
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, mLSE, window[0], window[1], softmax_scale, mma_qk,
+            tma_q, tma_k, tma_v, tma_o, mLSE, window_left, window_right, softmax_scale, mma_qk,
             mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
             mQ.shape[2] // mK.shape[2],
-        ).launch(grid=(num_m_blocks, num_seqs, q_shape[2]), block=[cfg.num_threads, 1, 1],
+        ).launch(grid=(num_m_blocks, mQ.shape[0], mQ.shape[2]), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
     @staticmethod
@@ -180,7 +171,7 @@ class FlashForwardSm90:
             m_block = num_m_blocks - 1 - m_block
         head_kv = head // heads_per_kv
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         # The swizzle on the pointer: the form both the TMA partition and wgmma take.
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -297,7 +288,9 @@ class FlashForwardSm90:
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        store_lse(mLSE, batch, head, row0, thr_pv, (cfg.block_m, D), lse_rows, seqlen_q - row0)
+        if cutlass.const_expr(mLSE is not None):
+            store_lse(mLSE, batch, head, row0, thr_pv, (cfg.block_m, D), lse_rows,
+                      seqlen_q - row0)
         self._store_o(tma_o, sQ, acc_O, mma_pv, ctidx, m_block, head, batch)
 
     def _phase_masked(self, phase: int) -> bool:
@@ -362,8 +355,7 @@ class FlashForwardSm90:
         thr_r2s = r2s.get_slice(ctidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
         # Generic-proxy writes, read next by the TMA unit (async proxy).
-        cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared,
-                              space=cute.arch.SharedSpace.shared_cta)
+        cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=cfg.num_warps * 32)
         if ctidx < 32:
             blocks = cute.local_tile(tma_o[1][None, None, head, batch], (cfg.block_m, D),

@@ -1,0 +1,68 @@
+"""Compiling kernels with the CuTe DSL: one way for launches and for analysis alike.
+
+Every kernel is compiled with TVM-FFI (``--enable-tvm-ffi``): the compiled function takes
+torch tensors (through DLPack), Python numbers and ``None`` directly, checks them against the
+signature it was compiled for (dtype, device, static sizes and strides, alignment) in C++, and
+launches on the caller's current torch stream. That is what makes a call cheap: no Python
+marshalling of pointers, shapes and strides.
+
+The same compilation, with ``dump_dir``, also writes the cubin and PTX there; CuTe DSL 4.8
+does this without a GPU or driver, so analysis reads the binary that launches run.
+:func:`kernel_class` is the one place that maps a config to the kernel that implements it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import FlashConfig
+from attnlab.kernels.abi import ForwardSpec, fake_forward_args
+
+
+def kernel_class(config: FlashConfig) -> type:
+    """The kernel class that implements ``config`` (the wgmma kernel or the mma.sync one)."""
+    if config.wgmma:
+        from attnlab.kernels.sm90.forward import FlashForwardSm90
+
+        return FlashForwardSm90
+    from attnlab.kernels.sm80.forward import FlashForwardSm80
+
+    return FlashForwardSm80
+
+
+def compile_kernel(kernel: Any, args: tuple, *, arch: str, opt_level: int = 3,
+                   dump_dir: str | Path | None = None) -> Any:
+    """``cute.compile(kernel, *args, stream)`` for ``arch`` with TVM-FFI, the stream being the
+    caller's current one at each call. ``opt_level`` reaches ptxas as its ``-O`` level; with
+    ``dump_dir`` the cubin and PTX are written there (:func:`dumped_binary`)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
+    options = f"--enable-tvm-ffi --gpu-arch {arch} --opt-level {opt_level}"
+    if dump_dir is not None:
+        options += f" --keep-cubin --keep-ptx --dump-dir {dump_dir}"
+    return cute.compile(kernel, *args, make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=options)
+
+
+def compile_forward(spec: ForwardSpec, dump_dir: str | Path | None = None) -> Any:
+    """The forward kernel of ``spec``, compiled (see :func:`compile_kernel`).
+
+    Raises:
+        attnlab.ConfigError: the config cannot serve this head dim on this target.
+    """
+    spec.config.check_problem(spec.head_dim, spec.arch)
+    kernel = kernel_class(spec.config)(spec)
+    return compile_kernel(kernel, tuple(fake_forward_args(spec)), arch=spec.arch,
+                          opt_level=spec.config.ptxas_opt_level, dump_dir=dump_dir)
+
+
+def dumped_binary(dump_dir: str | Path) -> tuple[Path, Path | None]:
+    """The cubin and PTX (None if absent) files a ``dump_dir`` compilation wrote."""
+    folder = Path(dump_dir)
+    cubins = sorted(folder.glob("*.cubin"))
+    if not cubins:
+        raise RuntimeError(f"the compilation wrote no cubin to {folder}")
+    ptx = sorted(folder.glob("*.ptx"))
+    return cubins[0], ptx[0] if ptx else None

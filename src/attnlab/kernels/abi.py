@@ -1,0 +1,188 @@
+"""The forward kernels' launch ABI: one definition of what a launch passes and what changes the
+binary, used by compilation, by every launch and by both kernel classes.
+
+* :class:`ForwardSpec` is everything that changes the compiled code: the config, the target,
+  the dtype, the head dim and the variant (masked, packed, with or without the LSE, compiled-in
+  strides). Two launches with equal specs run the same binary; the disk cache keys on it.
+* :class:`ForwardArgs` is the argument list, in order. The kernels' ``__call__`` takes exactly
+  these parameters (a CPU test holds them to it), compilation passes fake tensors built by
+  :func:`fake_forward_args`, and a launch passes torch tensors and Python numbers straight to
+  the compiled TVM-FFI function. A feature a spec leaves out is ``None`` in both: compiled
+  out, and refused at launch if a tensor is passed for it.
+
+Tensors keep their own layouts: dense q/k/v/out ``[B, S, H, D]``, packed (varlen)
+``[total, H, D]``; the LSE ``[B, H, Sq]`` or ``[H, total_q]``. Strides are symbolic multiples
+of 8 elements (what validation guarantees, so 16-byte copies vectorise) with a unit last
+stride; the batch stride is 64-bit, so a tensor may span more than 2**31 elements as long as
+one batch element (one packed sequence) does not. Importing this module does not import the
+CuTe DSL: the launch path needs only the spec and the argument order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from attnlab.config import FlashConfig
+
+#: (row, head) strides of q, k, v and out, in elements: what a ``static_strides`` kernel is
+#: specialised on.
+Strides = tuple[tuple[int, int], ...]
+
+#: Heads assumed when a ``static_strides`` config is cross-compiled without real tensors
+#: (contiguous BSHD, as in the benchmarks).
+CANONICAL_HEADS = 16
+#: Alignment (bytes) of q/k/v/out: one 16-byte vector copy.
+TILE_ALIGN_BYTES = 16
+#: Stride divisibility (elements) of q/k/v/out: 16 bytes of 16-bit elements.
+STRIDE_DIVISIBILITY = 8
+
+DTYPES = ("float16", "bfloat16")
+
+#: A window side with no bound, as the kernels take it: a number of keys larger than any
+#: sequence (validation keeps lengths below 2**30), so one formula serves every mask.
+UNBOUNDED_SIDE = 1 << 30
+
+
+def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:
+    """(row, head) strides of contiguous BSHD tensors with ``heads`` heads."""
+    return ((heads * head_dim, head_dim),) * 4
+
+
+def row_head_strides(*tensors: Any) -> Strides:
+    """The (row, head) strides of each of q, k, v, out (dense BSHD or varlen THD)."""
+    return tuple(tuple(int(x) for x in t.stride()[-3:-1]) for t in tensors)
+
+
+@dataclass(frozen=True)
+class ForwardSpec:
+    """What one compiled forward kernel is specialised on.
+
+    Attributes:
+        config: the kernel's knobs; ``config.wgmma`` picks the Hopper kernel class.
+        arch: the target, e.g. ``"sm_80"`` or ``"sm_90a"``.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        head_dim: D, compiled in.
+        windowed: causal or sliding-window masking (the band code is compiled in).
+        varlen: packed sequences located by ``cu_seqlens``.
+        with_lse: the kernel writes the log-sum-exp; without it there is no LSE argument.
+        strides: the (row, head) strides compiled in, exactly when ``config.static_strides``
+            (kernel 16); ``None`` otherwise.
+    """
+
+    config: FlashConfig
+    arch: str
+    dtype: str
+    head_dim: int
+    windowed: bool = False
+    varlen: bool = False
+    with_lse: bool = True
+    strides: Strides | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.config, FlashConfig):
+            raise TypeError(f"config must be a FlashConfig, got {type(self.config).__name__}")
+        if self.strides is not None and not self.config.static_strides:
+            raise ValueError("strides are compiled in only for a static_strides config")
+        if self.config.static_strides and self.strides is None:
+            object.__setattr__(self, "strides", canonical_strides(self.head_dim))
+
+    def replace(self, **changes: object) -> ForwardSpec:
+        return dataclasses.replace(self, **changes)
+
+    def variant(self) -> str:
+        """Short name of the variant flags, for file names and tables."""
+        return "".join(name for name, on in (("_win", self.windowed), ("_varlen", self.varlen),
+                                             ("_nolse", not self.with_lse)) if on)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"config": self.config.to_dict(), "arch": self.arch, "dtype": self.dtype,
+                "head_dim": self.head_dim, "windowed": self.windowed, "varlen": self.varlen,
+                "with_lse": self.with_lse,
+                "strides": [list(s) for s in self.strides] if self.strides else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ForwardSpec:
+        strides = data.get("strides")
+        return cls(FlashConfig.from_dict(data["config"]), data["arch"], data["dtype"],
+                   data["head_dim"], data["windowed"], data["varlen"], data["with_lse"],
+                   tuple(tuple(s) for s in strides) if strides else None)
+
+
+class ForwardArgs(NamedTuple):
+    """The forward launch's arguments, in order (a launch passes the CUDA stream implicitly:
+    the caller's current torch stream).
+
+    Attributes:
+        q, k, v, out: ``[B, S, H, D]`` dense or ``[total, H, D]`` packed.
+        lse: fp32 ``[B, Hq, Sq]`` dense or ``[Hq, total_q]`` packed; None without LSE.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]`` offsets (packed); None dense.
+        softmax_scale: multiplier of Q K^T.
+        window_left, window_right: the band in keys around the diagonal; an unbounded side is
+            ``UNBOUNDED_SIDE`` (``encode_window`` converts flash_attn's -1).
+        max_seqlen_q: the longest query sequence (dense: Sq); sizes the grid.
+        num_ctas: the grid of a ``persistent`` config (CTAs looping over tiles); None
+            otherwise.
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    softmax_scale: Any
+    window_left: Any
+    window_right: Any
+    max_seqlen_q: Any
+    num_ctas: Any
+
+
+def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
+    """Compile-time stand-ins for a launch's arguments under ``spec`` (no GPU, no memory)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+
+    def strides_of(which: int) -> tuple:
+        if spec.strides is not None:
+            return spec.strides[which]
+        return (cute.sym_int32(divisibility=STRIDE_DIVISIBILITY),
+                cute.sym_int32(divisibility=STRIDE_DIVISIBILITY))
+
+    def tile_tensor(which: int):
+        if spec.varlen:
+            shape, stride = (cute.sym_int(), cute.sym_int()), strides_of(which)
+        else:
+            shape = (cute.sym_int(), cute.sym_int(), cute.sym_int())
+            stride = (cute.sym_int64(divisibility=STRIDE_DIVISIBILITY), *strides_of(which))
+        return make_fake_tensor(elem, (*shape, spec.head_dim), stride=(*stride, 1),
+                                assumed_align=TILE_ALIGN_BYTES)
+
+    lse = None
+    if spec.with_lse:
+        # One symbol per size (a repeated symbol would make TVM-FFI require equal sizes).
+        rows = 2 if spec.varlen else 3
+        lse_stride = (cute.sym_int64(), *(cute.sym_int32() for _ in range(rows - 2)), 1)
+        lse = make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(rows)),
+                               stride=lse_stride, assumed_align=4)
+    cu_q = cu_k = None
+    if spec.varlen:
+        cu_q, cu_k = (make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,),
+                                       assumed_align=4) for _ in range(2))
+    return ForwardArgs(
+        *(tile_tensor(i) for i in range(4)), lse, cu_q, cu_k, cutlass.Float32(1.0),
+        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
+        cutlass.Int32(1) if spec.config.persistent else None)
+
+
+def encode_window(window: tuple[int, int]) -> tuple[int, int]:
+    """flash_attn's ``(left, right)`` (-1 unbounded) as the kernels take it."""
+    left, right = window
+    return (UNBOUNDED_SIDE if left < 0 else left, UNBOUNDED_SIDE if right < 0 else right)

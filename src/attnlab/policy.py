@@ -1,0 +1,99 @@
+"""Which configuration ``attention()`` runs when neither the caller nor ``attnlab tune`` chose.
+
+Production policy, kept apart from the ladder (``attnlab.ladder`` only names the steps): the
+defaults start from the ladder's tuned kernel 7 and add the steps that measured faster on
+each architecture family, per head dim, mask and dtype. Every table entry cites the session
+in ``docs/ladder.md`` that measured it.
+"""
+
+from __future__ import annotations
+
+from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, WGMMA_HEAD_DIMS, FlashConfig
+from attnlab.kernels.abi import ForwardSpec
+from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family, k07_for
+
+#: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
+#: against the plain default on an H200 (docs/ladder.md, "Row sums in chains", "B_c = 128
+#: at hd64", "hd32 and hd96", "TMA K/V loads" and "Tenth session"): the TMA ring where it
+#: measured faster, at hd128 with the sliced softmax at -O1;
+#: the row-sum chains; at hd32/hd64 B_c = 128 (S then fits beside the narrow O); kernel 13's
+#: backward K/V walk where it measured faster. Other problems keep the plain default (for
+#: hd96: ``SIXTEEN_ROWS_PER_WARP``). CuTe DSL 4.8 builds two of these with spills that 4.3.5
+#: did not (docs/measurement.md, "CuTe DSL 4.8"): plain hd96 at -O3 (32 B; -O1 is spill-free)
+#: and fp16 hd128 with the sliced softmax (64 B; the whole-tile softmax at -O1 is spill-free).
+SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
+    (32, False, "bfloat16"): {"block_n": 128, **TMA_RING},
+    (32, False, "float16"): {"block_n": 128, **TMA_RING},
+    (32, True, "bfloat16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
+    (32, True, "float16"): {"block_n": 128, "reverse_kv": True, **TMA_RING},
+    (64, False, "bfloat16"): {"block_n": 128, "row_sum_chains": 8, **TMA_RING},
+    (64, False, "float16"): {"block_n": 128, "row_sum_chains": 4, **TMA_RING},
+    (64, True, "bfloat16"): {"block_n": 128, "row_sum_chains": 4, "reverse_kv": True,
+                             **TMA_RING},
+    (64, True, "float16"): {"block_n": 128, "row_sum_chains": 8, "reverse_kv": True,
+                            **TMA_RING},
+    (96, False, "bfloat16"): {"ptxas_opt_level": 1},
+    (96, False, "float16"): {"ptxas_opt_level": 1},
+    (96, True, "bfloat16"): TMA_RING,
+    (96, True, "float16"): TMA_RING,
+    (128, False, "bfloat16"): {"row_sum_chains": 4, **TMA_RING, **INTERLEAVED_SOFTMAX},
+    (128, False, "float16"): {**TMA_RING, "ptxas_opt_level": 1},
+    (128, True, "bfloat16"): {"row_sum_chains": 4, **TMA_RING, **INTERLEAVED_SOFTMAX},
+    (128, True, "float16"): {**TMA_RING, "ptxas_opt_level": 1},
+}
+
+
+#: The wgmma kernel's tile and ring depth per head dim, measured against the other candidates
+#: on an H100 (docs/ladder.md, "Ninth session"), causal and plain alike.
+SM90A_WGMMA_KNOBS: dict[int, dict[str, object]] = {
+    64: {"block_n": 256, "kv_stages": 3},
+    128: {"block_n": 128, "kv_stages": 3},
+}
+
+
+def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
+                dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
+    """What ``attention()`` runs without a tuned entry: on sm_90a, at the head dims it serves
+    and for dense (not packed) sequences, the warpgroup-MMA kernel with the tile measured
+    best (``SM90A_WGMMA_KNOBS``); otherwise ``mma_sync_default_for``. (``windowed``: causal
+    or sliding-window attention; ``dtype``: ``"bfloat16"`` or ``"float16"``; ``varlen``:
+    packed sequences.)"""
+    if arch == "sm_90a" and head_dim in WGMMA_HEAD_DIMS and not varlen:
+        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim])
+    return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
+
+
+def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
+                         dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
+    """The best ``mma.sync`` configuration without a tuned entry: kernel 7 plus the steps
+    since that measured faster (``docs/ladder.md``): kernel 12's unpredicated full tiles,
+    kernel 16's compiled-in strides (one compile per head count / layout) and, on Hopper,
+    the knobs measured best for the problem (``SM90_DEFAULT_KNOBS``; packed sequences load
+    K/V with ``cp.async``)."""
+    config = k07_for(arch, head_dim).replace(unpredicated_full_tiles=True, static_strides=True)
+    if family(arch) == "sm_90":
+        knobs = SM90_DEFAULT_KNOBS.get((head_dim, windowed, dtype), {})
+        if varlen:
+            # No TMA for packed sequences, and the sliced softmax without the ring measured
+            # slower than kernel 16 (1.07-1.09x against 1.09-1.11x): both go.
+            knobs = {name: value for name, value in knobs.items()
+                     if name not in TMA_RING and name not in INTERLEAVED_SOFTMAX}
+        config = config.replace(**knobs)
+    return config
+
+
+
+
+def default_specs(arch: str) -> list[ForwardSpec]:
+    """The kernels ``attention()`` runs on ``arch`` without a tuned entry: every supported head
+    dim, both dtypes, plain and masked, with and without the LSE, dense batches (a
+    ``static_strides`` default with the strides of contiguous tensors of
+    ``abi.CANONICAL_HEADS`` heads). What ``attnlab cache --warm`` compiles."""
+    specs = []
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        for dtype in SUPPORTED_DTYPES:
+            for windowed in (False, True):
+                config = default_for(arch, head_dim, windowed, dtype)
+                specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
+                                      with_lse=with_lse) for with_lse in (False, True)]
+    return specs
