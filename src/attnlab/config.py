@@ -1,6 +1,6 @@
-"""The forward-kernel configuration: one frozen dataclass whose knobs are the seeds' kernels 1-7.
+"""The forward-kernel configuration: one frozen dataclass whose knobs are named after the seeds.
 
-A config describes *how* the sm80-path FlashAttention-2 forward kernel is built (tiling, copy
+A config describes *how* a FlashAttention-2 forward kernel is built (tiling, copy
 strategy, shared-memory layout, scheduling of on-chip loads, softmax form); the problem
 (dtype, head dim) is supplied separately when the kernel is compiled, so one config serves
 several problems. Invalid combinations are rejected when the config is built, with the reason.
@@ -24,7 +24,7 @@ WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: An 8x8 ``ldmatrix`` fragment is 8 elements wide: two of them cover one MMA_K step.
 FRAG_COLS = 8
 
-#: Head dims the sm80-path kernel serves (MMA tiles need multiples of 16; the swizzle atom 32).
+#: Head dims the kernels serve (MMA tiles need multiples of 16; the swizzle atom 32).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
@@ -39,13 +39,16 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class FlashConfig:
-    """Knobs of the sm80-path FlashAttention-2 forward kernel (named after the seeds).
+    """Knobs of the FlashAttention-2 forward kernels (named after the seeds' kernels 1-16
+    and the GA104 lab's variants; ``wgmma`` selects the Hopper kernel).
 
     Attributes:
         block_m: B_r, query rows per CTA. A multiple of ``16 * num_warps`` (each warp owns
             whole 16-row MMA tiles).
         block_n: B_c, key/value rows per main-loop iteration. A multiple of 16.
-        num_warps: warps per CTA; they split ``block_m`` between them.
+        num_warps: the compute warps, which split ``block_m`` between them (MMAs and
+            softmax). The ``mma.sync`` kernel has no others; the ``wgmma`` kernel adds a
+            producer warpgroup of 4 warps on top (``num_threads`` counts it).
         async_copy: global->shared copies with ``cp.async`` (LDGSTS, L1 bypass) instead of
             LDG + STS through registers (kernel 1).
         swizzle: shared-memory layout of the Q/K/V/O tiles: ``"none"`` (row-major, 8-way

@@ -1,4 +1,4 @@
-"""The seeds' optimization ladder as named configurations of the one sm80-path kernel.
+"""The seeds' optimization ladder as named configurations of the ``mma.sync`` kernel.
 
 Each step adds one idea to the previous one, as in "Flash Attention from scratch":
 

@@ -14,7 +14,7 @@ class Ceilings:
     """Bytes/s of a device-to-device copy (read + write), bytes/s read from an L2-resident
     buffer, the bf16 matrix rate (FLOP/s) of a large GEMM on random data (the library's best
     tensor-core path), and the bf16 rate of ``mma.sync`` alone (the instruction of attnlab's
-    sm80-path kernel: ``kernels/sm80/mma_rate.py``)."""
+    ``mma.sync`` kernel: ``kernels/sm80/mma_rate.py``)."""
 
     dram_bytes_per_s: float
     l2_bytes_per_s: float

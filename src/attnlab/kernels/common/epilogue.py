@@ -1,4 +1,6 @@
-"""Epilogue pieces shared by the forward kernels."""
+"""Epilogue pieces shared by the forward kernels: the LSE store, and O staged in shared memory
+(from where the sm80 kernel stores it with 16-byte copies and the sm90 kernel with the TMA
+unit)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -18,3 +20,17 @@ def store_lse(mLSE: cute.Tensor, batch, head, first_row, thr_mma, tile_shape: cu
         if lane % 4 == 0:
             if row < rows_left:
                 mLSE[batch, head, first_row + row] = lse_rows[r]
+
+
+@cute.jit
+def stage_o(acc_O: cute.Tensor, sO: cute.Tensor, tiled_mma: cute.TiledMma, tidx,
+            dtype: cutlass.Constexpr):
+    """O's accumulator, converted to ``dtype``, into its tile of shared memory. The caller
+    makes sure nothing still reads ``sO`` (it is Q's space in both kernels)."""
+    rO = cute.make_fragment_like(acc_O, dtype)
+    rO.store(acc_O.load().to(dtype))
+    # 4-byte stores: a thread's accumulator holds column pairs.
+    r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype,
+                                                     num_bits_per_copy=32), tiled_mma)
+    thr_r2s = r2s.get_slice(tidx)
+    cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))

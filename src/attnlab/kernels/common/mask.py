@@ -7,8 +7,10 @@ row ``i`` attends key ``j`` iff ``i + off - left <= j <= i + off + right``; caus
 every case without branches.
 
 Three uses: the K/V block range of a CTA (blocks wholly outside the band are never loaded), the
-block bounds that split the main loop into masked and unmasked phases, and the element mask,
-which only blocks crossing a band edge or the Sk tail pay for.
+block bounds that split the main loop into masked and unmasked phases (``phase_bounds``,
+``phase_masked``: one loop per phase, FA2's split, so the unmasked middle runs a body with no
+mask code at all), and the element mask, which only blocks crossing a band edge or the Sk tail
+pay for. And one schedule choice that follows from the band: ``longest_first``.
 """
 
 import cutlass
@@ -52,6 +54,30 @@ def masked_block_bounds(row0, seqlen_q, seqlen_k, left, right, n_min, n_max, blo
         left_end = cutlass.max(cutlass.min(cute.ceil_div(first_visible, block_n),
                                            right_start), n_min)
     return left_end, right_start
+
+
+def phase_bounds(n_min, left_end, right_start, n_max, windowed: bool,
+                 reverse: bool = False) -> list:
+    """The main loop's phases as ``(lo, hi)`` block ranges, in walk order: the band's left
+    edge (windowed only), the unmasked middle, the right edge and the Sk tail; ``reverse``
+    walks the K/V blocks from the last (kernel 13)."""
+    bounds = [(n_min, left_end)] if windowed else []
+    bounds += [(left_end, right_start), (right_start, n_max)]
+    return bounds[::-1] if reverse else bounds
+
+
+def phase_masked(windowed: bool, phase: int, reverse: bool = False) -> bool:
+    """Whether phase ``phase`` of ``phase_bounds`` runs the masked loop body. (A function,
+    not a local tuple: the DSL turns Python locals seen by a loop dynamic.)"""
+    masks = (True, False, True) if windowed else (False, True)
+    return (masks[::-1] if reverse else masks)[phase]
+
+
+def longest_first(m_block, num_m_blocks, windowed: bool):
+    """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
+    blocks, which see the most keys under a causal band, start first, so the short ones fill
+    the tail of the grid instead of the long ones."""
+    return num_m_blocks - 1 - m_block if windowed else m_block
 
 
 @cute.jit

@@ -6,20 +6,20 @@ cores, folds S into an online softmax (running row max and sum, O rescaled when 
 and accumulates O += P V with P taken straight from the S registers. O is normalised once at
 the end, so the Sq x Sk score matrix never leaves the chip.
 
-Every knob of the seeds' kernels 1-7 is a compile-time branch of this one kernel:
+Every knob of the seeds' kernels 1-16 is a compile-time branch of this one kernel:
 
 * ``async_copy``: gmem->smem with ``cp.async.cg`` (LDGSTS, L1 bypass) or LDG + STS.
 * ``swizzle``: the shared-memory layout (``kernels/common/layouts.py``).
 * ``eager_kv_loads``: K_{j+1} and V_j are in flight while the tensor cores work on the other
   operand; without it each tile is loaded, waited for, then used.
 * ``*_frags_per_load`` / ``double_buffer_smem_to_rf``: the schedule of ``ldmatrix`` against the
-  MMAs in each GEMM (``_gemm``); ``d_head_tile`` (kernel 15) also splits each V sub-tile of
-  O += P V into column chunks of the head dim.
+  MMAs in each GEMM (``ldmatrix_gemm.gemm``); ``d_head_tile`` (kernel 15) also splits each V
+  sub-tile of O += P V into column chunks of the head dim.
 * ``fused_softmax``: see ``kernels/common/softmax.py``.
 * ``interleave_softmax``: the softmax rescales O for the tile's row maxima, then turns S into
-  P one MMA_K slice of keys at a time inside O += P V (``_p_slice`` before each k-block's
-  MMAs), so the exp2s of a slice sit between the MMAs of the slices before it in program
-  order.
+  P one MMA_K slice of keys at a time inside O += P V (``ldmatrix_gemm.p_slice`` before each
+  k-block's MMAs), so the exp2s of a slice sit between the MMAs of the slices before it in
+  program order.
 * ``tma_kv_loads`` (sm_90): each K/V tile is one TMA bulk-tensor copy issued by warp 0 and
   counted on an mbarrier of its stage, instead of a cp.async per thread and 16 bytes; the
   block barrier stays (it frees a stage for the next copy).
@@ -43,9 +43,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from attnlab.config import FRAG_COLS, MMA_K, ConfigError
+from attnlab.config import ConfigError
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.kernels.common.epilogue import store_lse
+from attnlab.kernels.common.base import ForwardKernel, shared_storage, shared_tile
+from attnlab.kernels.common.epilogue import stage_o, store_lse
 from attnlab.kernels.common.layouts import (
     acc_as_operand_a,
     acc_mn_view,
@@ -53,9 +54,18 @@ from attnlab.kernels.common.layouts import (
     smem_tile_layout,
     tma_swizzle,
 )
-from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
+from attnlab.kernels.common.mask import (
+    apply_mask,
+    kv_block_range,
+    longest_first,
+    masked_block_bounds,
+    phase_bounds,
+    phase_masked,
+)
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import element_type, problem_tensors, sequence_rows
+from attnlab.kernels.common.tensors import sequence_rows
+from attnlab.kernels.common.tma import rows_first, tile_partition
+from attnlab.kernels.sm80.ldmatrix_gemm import gemm
 
 #: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
 COPY_BITS = 128
@@ -63,51 +73,33 @@ COPY_BITS = 128
 K, V = 0, 1
 
 
-class FlashForwardSm80:
+class FlashForwardSm80(ForwardKernel):
     """Compile-time description of one ``mma.sync`` forward kernel (a ``ForwardSpec``).
 
     Called (through ``cute.compile``) with the ``kernels.abi.ForwardArgs`` and a CUDA stream.
     """
 
     def __init__(self, spec: ForwardSpec):
-        config = spec.config
-        config.check_problem(spec.head_dim, arch=None)
-        if config.tma_kv_loads and spec.varlen:
+        super().__init__(spec)
+        if self.cfg.tma_kv_loads and spec.varlen:
             raise ConfigError(
                 "tma_kv_loads does not serve packed (varlen) sequences: a tile past the end of "
                 "one sequence would read the next instead of zeros; use cp.async loads")
-        self.cfg = config
-        self.head_dim = spec.head_dim
         # Column chunks of O += P V (kernel 15's tiling along d_head).
-        self.v_chunks = spec.head_dim // config.d_head_tile if config.d_head_tile else 1
-        self.dtype = element_type(spec.dtype)
-        self.windowed = spec.windowed
-        self.varlen = spec.varlen
+        self.v_chunks = (spec.head_dim // self.cfg.d_head_tile if self.cfg.d_head_tile
+                         else 1)
 
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copy atoms, tiled MMA, launch
     # ----------------------------------------------------------------------------------------
-    @cute.jit
-    def __call__(
-        self,
-        q: cute.Tensor,
-        k: cute.Tensor,
-        v: cute.Tensor,
-        out: cute.Tensor,
-        lse: cute.Tensor | None,
-        cu_seqlens_q: cute.Tensor | None,
-        cu_seqlens_k: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        num_ctas: cutlass.Int32 | None,
-        stream: cuda.CUstream,
-    ):
-        """Build the layouts and launch; the arguments are ``kernels.abi.ForwardArgs``."""
+    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
+               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
+               window_left: cutlass.Int32, window_right: cutlass.Int32,
+               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
+               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+        """Layouts, copy atoms and the tiled MMA of the config, then the launch."""
         D = self.head_dim
-        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, self.varlen)
-        num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
         sKV_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, self.head_dim, cfg.kv_stages)
@@ -151,32 +143,23 @@ class FlashForwardSm80:
 
     def _shared_storage(self, sQ_layout, sKV_layout):
         """The CTA's shared memory: the Q tile, the K and V stages and, for TMA loads, one
-        transaction barrier per K and per V stage. (Plain Python: the DSL would turn a
-        branch inside a class body into a dynamic one.)"""
-        tile_kv = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)],
-                                    1024]
-        fields = {"sQ": cute.struct.Align[cute.struct.MemRange[
-                      self.dtype, cute.cosize(sQ_layout)], 1024],
-                  "sK": tile_kv, "sV": tile_kv}
+        transaction barrier per K and per V stage."""
+        fields = {"sQ": shared_tile(self.dtype, sQ_layout),
+                  "sK": shared_tile(self.dtype, sKV_layout),
+                  "sV": shared_tile(self.dtype, sKV_layout)}
         if self.cfg.tma_kv_loads:
             fields["kv_bars"] = cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.kv_stages]
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        return shared_storage(fields)
 
     def _make_tma_loads(self, mK: cute.Tensor, mV: cute.Tensor, sKV_layout) -> tuple:
-        """``(atom, coordinate tensor)`` of K, then of V, for TMA loads of one stage.
-
-        The tensors are viewed as (rows, D, heads, batch), so that a tile is the leading
-        (block_n, D) modes; the TMA unit zero-fills the rows past the end of the sequence.
-        """
+        """``(atom, coordinate tensor)`` of K and of V, for TMA loads of one stage (of
+        ``tma.rows_first`` views); the TMA unit zero-fills the rows past the sequence."""
         op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.make_composed_layout(tma_swizzle(self.head_dim), 0,
                                               cute.slice_(sKV_layout, (None, None, 0)).outer)
-        loads = []
-        for tensor in (mK, mV):
-            view = cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=[1, 3, 2, 0]))
-            loads.extend(cpasync.make_tiled_tma_atom(op, view, one_stage,
-                                                     (self.cfg.block_n, self.head_dim)))
-        return tuple(loads)
+        return tuple(tuple(cpasync.make_tiled_tma_atom(op, rows_first(tensor), one_stage,
+                                                       (self.cfg.block_n, self.head_dim)))
+                     for tensor in (mK, mV))
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -233,10 +216,7 @@ class FlashForwardSm80:
         cfg = self.cfg
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
-        if cutlass.const_expr(self.windowed):
-            # Causal row blocks near the end see the most keys: start them first, so the
-            # short ones fill the tail of the grid instead of the long ones.
-            m_block = num_m_blocks - 1 - m_block
+        m_block = longest_first(m_block, num_m_blocks, self.windowed)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
 
         # ---- this CTA's sequence: its rows in the (possibly packed) tensors ---------------
@@ -347,10 +327,8 @@ class FlashForwardSm80:
         left_end, right_start = masked_block_bounds(
             row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
             cfg.block_n, self.windowed)
-        bounds = [(n_min, left_end)] if self.windowed else []
-        bounds += [(left_end, right_start), (right_start, n_max)]
-        if cfg.reverse_kv:
-            bounds = bounds[::-1]
+        bounds = phase_bounds(n_min, left_end, right_start, n_max, self.windowed,
+                              cfg.reverse_kv)
         operands = (row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma, thr_mma,
                     acc_O, softmax, kv_loads, tSrQ, tSrK,
                     tOrVt, load_q, (s2r_K, k_src, k_dst), (s2r_V, v_src, v_dst), tScS_mn)
@@ -367,7 +345,7 @@ class FlashForwardSm80:
                 else:
                     lo = cutlass.max(lo, n_min + 1)
             # Literal flags: a Python value carried into a dynamic loop would turn dynamic.
-            if cutlass.const_expr(self._phase_masked(p)):
+            if cutlass.const_expr(phase_masked(self.windowed, p, cfg.reverse_kv)):
                 for i in cutlass.range(hi - lo, unroll=1):
                     n_block = hi - 1 - i if cfg.reverse_kv else lo + i
                     self._kv_block(n_block, n_min, n_max, *operands, masked=True)
@@ -394,14 +372,6 @@ class FlashForwardSm80:
     def _stage(self, n_block):
         """The shared-memory stage of K/V block ``n_block`` (consecutive blocks alternate)."""
         return n_block % self.cfg.kv_stages if self.cfg.kv_stages > 1 else 0
-
-    def _phase_masked(self, phase: int) -> bool:
-        """Whether main-loop phase ``phase`` runs the masked body (phases as in ``kernel``).
-
-        A method, not a local tuple: the DSL turns Python locals seen by a loop dynamic.
-        """
-        masks = (True, False, True) if self.windowed else (False, True)
-        return (masks[::-1] if self.cfg.reverse_kv else masks)[phase]
 
     @cute.jit
     def _kv_block(self, n_block, n_min, n_max, row0, seqlen_q, seqlen_k, window_left,
@@ -443,8 +413,8 @@ class FlashForwardSm80:
             self._wait_all_and_sync()
 
         # S = Q K_j^T
-        self._gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, load_k, cfg.q_frags_per_load,
-                   cfg.k_frags_per_load)
+        gemm(tiled_mma, acc_S, tSrQ, tSrK, load_q, load_k, cfg.q_frags_per_load,
+             cfg.k_frags_per_load, cfg.double_buffer_smem_to_rf)
 
         if cutlass.const_expr(not cfg.eager_kv_loads):
             self._load_kv(kv_loads, (V,), n_block, kv_rows_left)
@@ -477,8 +447,8 @@ class FlashForwardSm80:
             p_slices = (softmax, acc_S, rP)
         else:
             rP.store(acc_S.load().to(self.dtype))
-        self._gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
-                   cfg.v_frags_per_load, self.v_chunks, p_slices)
+        gemm(tiled_mma, acc_O, acc_as_operand_a(rP), tOrVt, None, load_v, 0,
+             cfg.v_frags_per_load, cfg.double_buffer_smem_to_rf, self.v_chunks, p_slices)
 
     @cute.jit
     def _tma_partitions(self, kv_tma: tuple, bars: cute.Pointer, sK: cute.Tensor,
@@ -495,13 +465,10 @@ class FlashForwardSm80:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         parts = []
-        for atom, tensor, smem in ((kv_tma[0], kv_tma[1], sK), (kv_tma[2], kv_tma[3], sV)):
-            blocks = cute.local_tile(tensor[None, None, head_kv, batch],
-                                     (cfg.block_n, self.head_dim), (None, 0))
-            to_smem, from_gmem = cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                cute.group_modes(blocks, 0, 2))
-            parts.append((atom, from_gmem, to_smem))
+        for tma, smem in zip(kv_tma, (sK, sV), strict=True):
+            to_smem, from_gmem = tile_partition(tma, smem, (cfg.block_n, self.head_dim),
+                                                (None, 0), head_kv, batch)
+            parts.append((tma[0], from_gmem, to_smem))
         # A whole warp takes the branch (one elected lane arms the barrier, the copy elects
         # its own): a per-thread branch around TMA makes ptxas add divergent fallbacks.
         return tuple(parts), bars, cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
@@ -586,79 +553,6 @@ class FlashForwardSm80:
             cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
-    def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-              tCrB: cute.Tensor, load_a, load_b, a_frags: cutlass.Constexpr,
-              b_frags: cutlass.Constexpr, b_chunks: cutlass.Constexpr = 1, p_slices=None):
-        """``acc += A @ B`` over the k-blocks (MMA_K = 16 columns) of the reduction dimension.
-
-        ``load_a``/``load_b`` are ``(tiled_copy, smem_view, reg_view)`` for an operand that has
-        to come from shared memory, or None when it already sits in registers. ``*_frags`` is
-        the sub-tile size in 8-column fragments (0: the whole tile before the first MMA).
-        With double buffering the ldmatrix of the next sub-tile is issued before the MMAs of the
-        current one, so shared-memory latency hides behind tensor-core work.
-
-        ``b_chunks`` > 1 (kernel 15, A in registers) splits each B sub-tile into that many
-        column chunks, loaded one after the other: a B sub-tile in registers is one chunk
-        wide. The MMAs still walk k-block by k-block (all chunks of one k-block, then the
-        next), so each k-block keeps every accumulator independent of the others.
-
-        ``p_slices`` = (softmax, S accumulator, P fragment) makes A = P one k-block at a
-        time, right before that k-block's MMAs (``interleave_softmax``).
-        """
-        if b_chunks > 1 and load_a is not None:
-            raise ValueError("column chunks of B need A in registers (it is not reloaded)")
-        num_k = cute.size(tCrA, mode=[2])
-        plan = []
-        for spec, frags in ((load_a, a_frags), (load_b, b_frags)):
-            if spec is not None:
-                step = num_k if frags == 0 else frags * FRAG_COLS // MMA_K
-                # Sub-tiles in the order the MMAs first use them: (first k-block, chunk).
-                chunks = b_chunks if spec is load_b else 1
-                units = [(k, c) for k in range(0, num_k, step) for c in range(chunks)]
-                plan.append((spec, step, chunks, units))
-        ahead = self.cfg.double_buffer_smem_to_rf
-        if ahead:
-            for spec, step, chunks, units in plan:
-                self._load_ksteps(spec, units[0], step, chunks)
-        for k in range(num_k):
-            for c in range(b_chunks):
-                for spec, step, chunks, units in plan:
-                    if k % step == 0 and c < chunks:
-                        nxt = units.index((k, c)) + (1 if ahead else 0)
-                        if nxt < len(units):
-                            self._load_ksteps(spec, units[nxt], step, chunks)
-                if cutlass.const_expr(p_slices is not None and c == 0):
-                    self._p_slice(*p_slices, k)
-                if cutlass.const_expr(b_chunks == 1):
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-                else:
-                    # N split as (atoms of a chunk, chunks): one MMA call per chunk.
-                    atoms = cute.size(tCrB, mode=[1]) // b_chunks
-                    acc_c = cute.logical_divide(acc, (None, None, atoms))[None, None, (None, c)]
-                    tCrB_c = cute.logical_divide(tCrB, (None, atoms))[None, (None, c), k]
-                    cute.gemm(tiled_mma, acc_c, tCrA[None, None, k], tCrB_c, acc_c)
-
-    def _p_slice(self, softmax: OnlineSoftmax, acc_S: cute.Tensor, rP: cute.Tensor, k: int):
-        """P for k-block ``k`` of O += P V (``interleave_softmax``): exp2 of its S columns
-        (two n8 tiles, two columns each per thread), converted to the input dtype."""
-        tiles = MMA_K // FRAG_COLS
-        softmax.exponentiate(acc_S, 2 * tiles * k, 2 * tiles)
-        for n in range(tiles * k, tiles * (k + 1)):
-            rP[None, None, n].store(acc_S[None, None, n].load().to(self.dtype))
-
-    def _load_ksteps(self, spec, unit: tuple[int, int], count: int, chunks: int):
-        """ldmatrix ``count`` k-blocks from ``unit`` = (first k-block, column chunk of
-        ``chunks``); a copy's column index runs along the operand's N columns in order."""
-        tiled_copy, src, dst = spec
-        first, chunk = unit
-        per_chunk = cute.size(src, mode=[1]) // chunks
-        for k in range(first, first + count):
-            if chunks == 1:
-                cute.copy(tiled_copy, src[None, None, k], dst[None, None, k])
-            else:
-                for j in range(chunk * per_chunk, (chunk + 1) * per_chunk):
-                    cute.copy(tiled_copy, src[None, j, k], dst[None, j, k])
-
     @cute.jit
     def _store_o(self, mO_rows: cute.Tensor, m_block, sQ: cute.Tensor, acc_O: cute.Tensor,
                  tiled_mma: cute.TiledMma, gmem_store: cute.TiledCopy, tidx,
@@ -668,17 +562,10 @@ class FlashForwardSm80:
         ``mO_rows`` is this sequence's and head's (rows, head_dim) view of O.
         """
         cfg = self.cfg
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
         # Reusing Q's space is safe: every copy into it landed and every thread is past its
         # last read of Q (the barrier at the start of the epilogue).
         sO = sQ
-        # 4-byte stores: a thread's accumulator holds column pairs.
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
-                                                         self.dtype, num_bits_per_copy=32),
-                                     tiled_mma)
-        thr_r2s = r2s.get_slice(tidx)
-        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+        stage_o(acc_O, sO, tiled_mma, tidx, self.dtype)
 
         gO = cute.local_tile(mO_rows, (cfg.block_m, self.head_dim), (m_block, 0))
         thr_store = gmem_store.get_slice(tidx)

@@ -5,7 +5,7 @@ Each warp keeps ``chains`` independent m16n8k16 accumulators (16 x 8 * chains of
 multiplies the same register fragments into them ``steps`` times: no memory traffic, no
 softmax, no dependency between consecutive MMAs of one step. Enough resident warps keep every
 sub-partition's tensor pipe busy, so FLOPs / time is the most that ``mma.sync`` can do on the
-GPU at hand: the roof the sm80-path kernel (HMMA from registers) runs under, as the bf16
+GPU at hand: the roof the ``mma.sync`` kernel (HMMA from registers) runs under, as the bf16
 matmul (``wgmma`` on Hopper) is the roof of the best libraries. Operands come from the
 thread index, never zeros (the tensor cores' power, hence clocks, depends on the data).
 """

@@ -33,64 +33,53 @@ from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M, ConfigError
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.kernels.common.epilogue import store_lse
+from attnlab.kernels.common.barriers import NamedBarrier
+from attnlab.kernels.common.base import ForwardKernel, shared_storage, shared_tile
+from attnlab.kernels.common.epilogue import stage_o, store_lse
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
-from attnlab.kernels.common.mask import apply_mask, kv_block_range, masked_block_bounds
+from attnlab.kernels.common.mask import (
+    apply_mask,
+    kv_block_range,
+    longest_first,
+    masked_block_bounds,
+    phase_bounds,
+    phase_masked,
+)
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import element_type, problem_tensors
+from attnlab.kernels.common.tma import rows_first, tile_partition
 
 #: Registers per thread after ``setmaxnreg``: the producer warpgroup gives its registers to the
 #: consumers (3 warpgroups x 128 threads share the SM's 64K).
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
-#: Named barrier of the consumer warpgroups (0 is ``__syncthreads``).
-EPILOGUE_BARRIER = 1
 
 
-class FlashForwardSm90:
-    """Compile-time description of one Hopper forward kernel: a ``wgmma`` config, a head dim and
-    a dtype. Called like ``FlashForwardSm80`` (same signature, so one launch path serves
-    both)."""
+class FlashForwardSm90(ForwardKernel):
+    """Compile-time description of one Hopper forward kernel (a ``ForwardSpec`` of a
+    ``wgmma`` config); launched like every ``ForwardKernel``."""
 
     def __init__(self, spec: ForwardSpec):
-        config = spec.config
-        if not config.wgmma:
+        if not spec.config.wgmma:
             raise ConfigError("FlashForwardSm90 runs wgmma configs (FlashConfig.wgmma)")
-        config.check_problem(spec.head_dim, arch=None)
+        super().__init__(spec)
         if spec.varlen:
             raise ConfigError(
                 "wgmma does not serve packed (varlen) sequences: a TMA tile past the end of one "
                 "sequence would read the next; use an mma.sync config")
-        self.cfg = config
-        self.head_dim = spec.head_dim
-        self.dtype = element_type(spec.dtype)
-        self.windowed = spec.windowed
-        self.num_consumers = config.num_warps // 4
+        self.num_consumers = self.cfg.num_warps // 4
 
     # ----------------------------------------------------------------------------------------
     # Host side
     # ----------------------------------------------------------------------------------------
-    @cute.jit
-    def __call__(
-        self,
-        q: cute.Tensor,
-        k: cute.Tensor,
-        v: cute.Tensor,
-        out: cute.Tensor,
-        lse: cute.Tensor | None,
-        cu_seqlens_q: cute.Tensor | None,
-        cu_seqlens_k: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        window_left: cutlass.Int32,
-        window_right: cutlass.Int32,
-        max_seqlen_q: cutlass.Int32,
-        num_ctas: cutlass.Int32 | None,
-        stream: cuda.CUstream,
-    ):
-        """Build the TMA descriptors and launch; the arguments are ``kernels.abi.ForwardArgs``
-        (dense only: no ``cu_seqlens``, no ``num_ctas``)."""
+    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
+               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
+               window_left: cutlass.Int32, window_right: cutlass.Int32,
+               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
+               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+        """Build the TMA descriptors and launch (dense only: no ``cu_seqlens``, no
+        ``num_ctas``)."""
         cfg, D = self.cfg, self.head_dim
-        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, varlen=False)
         tile_qk = (cfg.block_m, cfg.block_n, D)
         tile_pv = (cfg.block_m, D, cfg.block_n)
         major_k, major_mn = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
@@ -110,9 +99,6 @@ class FlashForwardSm90:
                                                   cfg.kv_stages)
 
         # TMA views: tile modes first, then (heads, batch). V as (D, rows) for its MN-major tile.
-        def rows_first(t):
-            return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-
         v_view = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
         load = cpasync.CopyBulkTensorTileG2SOp()
         # (atom, coordinate tensor) pairs: what the kernel partitions and copies with.
@@ -132,7 +118,7 @@ class FlashForwardSm90:
             tma_q, tma_k, tma_v, tma_o, mLSE, window_left, window_right, softmax_scale, mma_qk,
             mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
             mQ.shape[2] // mK.shape[2],
-        ).launch(grid=(num_m_blocks, mQ.shape[0], mQ.shape[2]), block=[cfg.num_threads, 1, 1],
+        ).launch(grid=(num_m_blocks, num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
     @staticmethod
@@ -142,16 +128,13 @@ class FlashForwardSm90:
 
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
         """Q, the K and V rings, and the barriers: Q's, then full/empty per K and V stage."""
-
-        def tile(layout):
-            return cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], 1024]
-
         stages = self.cfg.kv_stages
-        fields = {"sQ": tile(sQ_layout), "sK": tile(sK_layout), "sV": tile(sV_layout),
-                  "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
-                  "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
-                  "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]}
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        return shared_storage({
+            "sQ": shared_tile(self.dtype, sQ_layout), "sK": shared_tile(self.dtype, sK_layout),
+            "sV": shared_tile(self.dtype, sV_layout),
+            "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
+            "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+            "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]})
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -166,9 +149,7 @@ class FlashForwardSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         m_block, batch, head = cute.arch.block_idx()
-        if cutlass.const_expr(self.windowed):
-            # Causal row blocks near the end see the most keys: start them first.
-            m_block = num_m_blocks - 1 - m_block
+        m_block = longest_first(m_block, num_m_blocks, self.windowed)
         head_kv = head // heads_per_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -222,16 +203,11 @@ class FlashForwardSm90:
         """The producer warp: Q, then K_j and V_j for every block, each into the next free
         stage of its ring (blocks in the order the consumers take them)."""
         cfg, D = self.cfg, self.head_dim
-
-        def partition(tma, smem, tile, block_coord, h):
-            blocks = cute.local_tile(tma[1][None, None, h, batch], tile, block_coord)
-            return cpasync.tma_partition(tma[0], 0, cute.make_layout(1),
-                                         cute.group_modes(smem, 0, 2),
-                                         cute.group_modes(blocks, 0, 2))
-
-        q_smem, q_gmem = partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head)
-        k_smem, k_gmem = partition(tma_k, sK, (cfg.block_n, D), (None, 0), head_kv)
-        v_smem, v_gmem = partition(tma_v, sV, (D, cfg.block_n), (0, None), head_kv)
+        q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head, batch)
+        k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0), head_kv,
+                                        batch)
+        v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None), head_kv,
+                                        batch)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(
                 q_bar, cute.size_in_bytes(self.dtype, self._stage(sQ.layout)))
@@ -275,11 +251,10 @@ class FlashForwardSm90:
                                              cfg.kv_stages)
         operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn,
                     row0, seqlen_q, seqlen_k, window_left, window_right)
-        bounds = [(n_min, left_end)] if self.windowed else []
-        bounds += [(left_end, right_start), (right_start, n_max)]
+        bounds = phase_bounds(n_min, left_end, right_start, n_max, self.windowed)
         for p in cutlass.range_constexpr(len(bounds)):
             lo, hi = bounds[p]
-            if cutlass.const_expr(self._phase_masked(p)):
+            if cutlass.const_expr(phase_masked(self.windowed, p)):
                 for n_block in cutlass.range(lo, hi, unroll=1):
                     state = self._kv_block(n_block, state, *operands, masked=True)
             else:
@@ -292,11 +267,6 @@ class FlashForwardSm90:
             store_lse(mLSE, batch, head, row0, thr_pv, (cfg.block_m, D), lse_rows,
                       seqlen_q - row0)
         self._store_o(tma_o, sQ, acc_O, mma_pv, ctidx, m_block, head, batch)
-
-    def _phase_masked(self, phase: int) -> bool:
-        """Whether main-loop phase ``phase`` runs the masked body (a method: the DSL turns
-        Python locals seen by a loop dynamic)."""
-        return ((True, False, True) if self.windowed else (False, True))[phase]
 
     @cute.jit
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
@@ -346,23 +316,13 @@ class FlashForwardSm90:
         only after its last QK^T MMA has completed.
         """
         cfg, D = self.cfg, self.head_dim
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        sO = sQ[None, None, 0]
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
-                                                         self.dtype, num_bits_per_copy=32),
-                                     mma_pv)
-        thr_r2s = r2s.get_slice(ctidx)
-        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+        stage_o(acc_O, sQ[None, None, 0], mma_pv, ctidx, self.dtype)
         # Generic-proxy writes, read next by the TMA unit (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=cfg.num_warps * 32)
+        NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
         if ctidx < 32:
-            blocks = cute.local_tile(tma_o[1][None, None, head, batch], (cfg.block_m, D),
-                                     (None, 0))
-            o_smem, o_gmem = cpasync.tma_partition(
-                tma_o[0], 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                cute.group_modes(blocks, 0, 2))
+            o_smem, o_gmem = tile_partition(tma_o, sQ, (cfg.block_m, D), (None, 0), head,
+                                            batch)
             cute.copy(tma_o[0], o_smem[None, 0], o_gmem[None, m_block])
             cute.arch.cp_async_bulk_commit_group()
             # Shared memory must outlive the store's reads of it.

@@ -1,0 +1,71 @@
+"""What every forward kernel class shares: its spec, and the launch's ``__call__`` prologue.
+
+A kernel class subclasses :class:`ForwardKernel`, takes a ``kernels.abi.ForwardSpec`` and
+implements ``launch``: the host-side layouts, copy atoms and MMAs of its architecture, and the
+launch itself. ``__call__`` is the one place that spells out the launch ABI
+(``kernels.abi.ForwardArgs``) and turns the launch's tensors into the (batch, row, head, d)
+views both kernels index (``tensors.problem_tensors``).
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.common.tensors import element_type, problem_tensors
+
+
+class ForwardKernel:
+    """Compile-time description of one forward kernel (a ``ForwardSpec``)."""
+
+    def __init__(self, spec: ForwardSpec):
+        spec.config.check_problem(spec.head_dim, arch=None)
+        self.cfg = spec.config
+        self.head_dim = spec.head_dim
+        self.dtype = element_type(spec.dtype)
+        self.windowed = spec.windowed
+        self.varlen = spec.varlen
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        out: cute.Tensor,
+        lse: cute.Tensor | None,
+        cu_seqlens_q: cute.Tensor | None,
+        cu_seqlens_k: cute.Tensor | None,
+        softmax_scale: cutlass.Float32,
+        window_left: cutlass.Int32,
+        window_right: cutlass.Int32,
+        max_seqlen_q: cutlass.Int32,
+        num_ctas: cutlass.Int32 | None,
+        stream: cuda.CUstream,
+    ):
+        """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
+        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, self.varlen)
+        num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
+        self.launch(mQ, mK, mV, mO, mLSE, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                    window_left, window_right, max_seqlen_q, num_seqs, num_ctas, stream)
+
+    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
+               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
+               window_left: cutlass.Int32, window_right: cutlass.Int32,
+               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
+               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+        """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
+        raise NotImplementedError
+
+
+def shared_tile(dtype: type[cutlass.Numeric], layout) -> type:
+    """A shared-storage field for one tile (or ring of tiles) of ``layout``: 1024-byte aligned,
+    as the 128-byte swizzle and the TMA unit require."""
+    return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], 1024]
+
+
+def shared_storage(fields: dict[str, type]) -> type:
+    """A shared-storage struct from ``{name: field type}``, in that order. (Built in plain
+    Python: the DSL would turn a branch inside a class body into a dynamic one.)"""
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))

@@ -1,0 +1,26 @@
+"""The TMA unit's view of the launch's tensors, shared by the kernels that use it.
+
+A TMA copy moves one box of a tensor's leading modes, so a (batch, rows, heads, d) tensor is
+viewed with the tile's modes first: (rows, d, heads, batch). A tile is then addressed by its
+block coordinates, and ``tile_partition`` gives one copy's source and destination.
+"""
+
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
+
+
+def rows_first(t: cute.Tensor) -> cute.Tensor:
+    """(batch, rows, heads, d) as (rows, d, heads, batch): a row tile is the leading modes."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+
+def tile_partition(tma: tuple, smem: cute.Tensor, tile: tuple, block_coord: tuple, head,
+                   batch) -> tuple:
+    """``(smem stages, global blocks)`` of one TMA copy of ``tile``-sized boxes of head
+    ``head`` and batch element ``batch``; index a block by its coordinate along the mode that
+    ``block_coord`` leaves ``None``, a stage by its index. ``tma`` is ``(atom, coordinate
+    tensor)`` as ``cpasync.make_tiled_tma_atom`` gives them."""
+    atom, coords = tma
+    blocks = cute.local_tile(coords[None, None, head, batch], tile, block_coord)
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                                 cute.group_modes(blocks, 0, 2))
