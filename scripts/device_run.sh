@@ -5,6 +5,7 @@
 # warm, later runs start with `. .dsl-b/env.sh &&` and carry nothing).
 #   test     compile this GPU's defaults into the kernel cache, then the GPU tests
 #   bench    the host section (us per call, first calls) and the end-to-end bench grid
+#   sm90     the Hopper kernel's schedule knobs against the default and the peers
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   explain  attnlab profile (ncu) and roofline
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
@@ -28,6 +29,9 @@ case $mode in
     attnlab bench --host --out "$OUT"
     attnlab bench --seqlens 512,1024,2048,4096,16384 --out "$OUT"
     ;;
+  sm90)
+    python3 scripts/sm90_candidates.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
   ladder)
     attnlab ladder --out "$OUT"
     attnlab ladder --dtype fp16 --seqlens 4096 --out "$OUT/fp16"
@@ -36,5 +40,5 @@ case $mode in
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
     ;;
-  *) echo "unknown mode $mode (test|bench|ladder|explain)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|sm90|ladder|explain)"; exit 2 ;;
 esac

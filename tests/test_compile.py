@@ -295,3 +295,41 @@ def test_row_sum_chains_of_the_default(head_dim, windowed, dtype, artifact_dir):
     bodies = 3 if windowed else 2
     assert chained["HMMA"] == single["HMMA"] == expected_hmma(cfg, head_dim, windowed)
     assert chained["FADD"] == single["FADD"] - rows * bodies
+
+
+@pytest.mark.parametrize("head_dim", WGMMA_HEAD_DIMS)
+@pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
+def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
+    """``intra_wg_overlap`` runs the first block's S and the last block's P V outside the
+    loop bodies (one more copy of each GEMM), with no spill at B_c = 128; ``pingpong`` adds
+    only named-barrier turns (a sync and an arrive per loop body, one arrive to start)."""
+    base = policy.default_for("sm_90a", head_dim, windowed).replace(block_n=128)
+    bodies = 3 if windowed else 2
+    k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
+
+    def build(**knobs):
+        art = compile_config(base.replace(**knobs), "sm_90a", head_dim=head_dim,
+                             windowed=windowed, out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        return histogram(parse(sass_text)), read_resources(art.cubin, sass_text)
+
+    plain, _ = build()
+    overlap, resources = build(intra_wg_overlap=True)
+    assert plain["HGMMA"] == bodies * (k_steps_s + k_steps_pv)
+    assert overlap["HGMMA"] == (bodies + 1) * (k_steps_s + k_steps_pv)
+    assert not resources.spills, resources
+    for knobs in ({}, {"intra_wg_overlap": True}):
+        without, _ = build(**knobs)
+        with_turns, _ = build(pingpong=True, **knobs)
+        assert with_turns["HGMMA"] == without["HGMMA"]
+        assert with_turns["BAR"] == without["BAR"] + 2 * bodies + 1
+
+
+def test_overlap_and_pingpong_are_wgmma_knobs():
+    with pytest.raises(ConfigError, match="need wgmma"):
+        ladder.k07.replace(intra_wg_overlap=True)
+    with pytest.raises(ConfigError, match="two consumer warpgroups"):
+        policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
+    name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
+                                                     pingpong=True).short_name()
+    assert name.endswith("+intra_wg_overlap+pingpong")

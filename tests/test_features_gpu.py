@@ -450,8 +450,14 @@ def test_interleave_softmax(head_dim, changes, window):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("knobs", [{}, {"block_n": 64, "kv_stages": 4},
                                    {"block_n": 192, "kv_stages": 2},
-                                   {"block_m": 64, "num_warps": 4}, {"fused_softmax": False}],
-                         ids=["default", "bn64x4", "bn192x2", "one_warpgroup", "unfused"])
+                                   {"block_m": 64, "num_warps": 4}, {"fused_softmax": False},
+                                   {"intra_wg_overlap": True, "block_n": 128},
+                                   {"intra_wg_overlap": True, "kv_stages": 1},
+                                   {"pingpong": True},
+                                   {"intra_wg_overlap": True, "pingpong": True,
+                                    "block_n": 128}],
+                         ids=["default", "bn64x4", "bn192x2", "one_warpgroup", "unfused",
+                              "overlap", "overlap_1stage", "pingpong", "overlap_pingpong"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (128, 128)],
                          ids=["full", "causal", "win", "band"])
 def test_wgmma_kernel(head_dim, knobs, window):

@@ -122,6 +122,14 @@ class FlashConfig:
             order. Then ptxas -O1, which keeps the source order and spills nothing, keeps
             the overlap that only -O3's scheduler found before (docs/ladder.md, "Tenth
             session").
+        intra_wg_overlap: (wgmma) inside each consumer warpgroup, issue block j's S = Q K^T
+            and block j-1's O += P V together and run block j's softmax while they are on the
+            tensor cores (FlashAttention-3's intra-warpgroup pipelining): the softmax of one
+            block hides behind the MMAs of two, at the price of holding P of the previous
+            block in registers beside S. O is rescaled once the P V MMAs are done.
+        pingpong: (wgmma, two consumer warpgroups) the warpgroups take turns at the tensor
+            cores, ordered by two named barriers: one issues its MMAs while the other runs
+            its softmax, so the tensor cores idle less while either exponentiates.
     """
 
     block_m: int = 64
@@ -147,6 +155,8 @@ class FlashConfig:
     tma_kv_loads: bool = False
     wgmma: bool = False
     interleave_softmax: bool = False
+    intra_wg_overlap: bool = False
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -219,6 +229,9 @@ class FlashConfig:
             )
         if self.wgmma:
             self._check_wgmma()
+        elif self.intra_wg_overlap or self.pingpong:
+            raise ConfigError("intra_wg_overlap and pingpong schedule warpgroup MMAs: they need "
+                              "wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -234,6 +247,9 @@ class FlashConfig:
                 f"64 per warpgroup, got block_m={self.block_m}, num_warps={self.num_warps}")
         if not self.tma_kv_loads:
             raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
+        if self.pingpong and self.num_warps != 8:
+            raise ConfigError("pingpong takes turns between two consumer warpgroups: it needs "
+                              f"num_warps 8, got {self.num_warps}")
         unsupported = [name for name in ("reverse_kv", "peel_first_kv_block", "d_head_tile",
                                          "persistent", "static_strides", "interleave_softmax")
                        if getattr(self, name)]
@@ -270,6 +286,7 @@ class FlashConfig:
             flags = ["wgmma", "tma", f"kv_stages_{self.kv_stages}"]
             if self.fused_softmax:
                 flags.append("opt_softmax")
+            flags += [name for name in ("intra_wg_overlap", "pingpong") if getattr(self, name)]
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:

@@ -17,7 +17,17 @@ class NamedBarrier(IntEnum):
     CTA = 0
     #: The consumer warpgroups of the sm90 kernel, before one of them stores the staged O.
     EPILOGUE = 1
+    #: Ping-pong turns of the sm90 kernel's consumer warpgroups at the tensor cores: the turn
+    #: of consumer warpgroup ``w`` is barrier ``SCHEDULER + w`` (so ids 2 and 3).
+    SCHEDULER = 2
 
-    def sync(self, number_of_threads: int) -> None:
-        """Wait until ``number_of_threads`` threads (a multiple of 32) have arrived here."""
-        cute.arch.barrier(barrier_id=int(self), number_of_threads=number_of_threads)
+    def sync(self, number_of_threads: int, offset=0) -> None:
+        """Wait until ``number_of_threads`` threads (a multiple of 32) have arrived at barrier
+        ``self + offset`` (``offset`` may be a runtime value, e.g. a warpgroup index)."""
+        cute.arch.barrier(barrier_id=int(self) + offset, number_of_threads=number_of_threads)
+
+    def arrive(self, number_of_threads: int, offset=0) -> None:
+        """Arrive at barrier ``self + offset`` without waiting (the threads that ``sync``
+        there count these arrivals toward ``number_of_threads``)."""
+        cute.arch.barrier_arrive(barrier_id=int(self) + offset,
+                                 number_of_threads=number_of_threads)

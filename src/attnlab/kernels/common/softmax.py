@@ -13,7 +13,8 @@ to the end (the sum is linear), the max is reduced every tile (it decides the ex
 
 ``update`` does a whole tile at once. ``rescale`` + ``exponentiate`` are the same step in two
 halves, so a kernel can exponentiate one slice of columns at a time between other work
-(``FlashConfig.interleave_softmax``).
+(``FlashConfig.interleave_softmax``); ``step`` + ``rescale_o`` split it the other way, P first
+and O's rescale later, once the MMAs that read O are done (``FlashConfig.intra_wg_overlap``).
 """
 
 
@@ -87,24 +88,47 @@ class OnlineSoftmax:
         s_mn = acc_mn_view(acc_s)
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            row = self._scores(s_mn[r, None].load())
-            m_old = self.row_max[r]
-            m_new = self._new_max(row, m_old, first)
-            m_exp = self._exponent_max(m_new)
-            p = self._exp(row, m_exp)
-            correction = self._exp(m_old, m_exp)
-            self.row_max[r] = m_new
-            s_mn[r, None] = p
-            if cutlass.const_expr(self.sum_chains > 1):
-                tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
-            else:
-                # The ladder rows were measured (and their SASS recorded) with this chain.
-                tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            if cutlass.const_expr(first):
-                self.row_sum[r] = tile_sum
-            else:
-                self.row_sum[r] = self.row_sum[r] * correction + tile_sum
+            correction = self._row_update(s_mn, r, first)
+            if cutlass.const_expr(not first):
                 o_mn[r, None] = o_mn[r, None].load() * correction
+
+    @cute.jit
+    def step(self, acc_s: cute.Tensor, corrections: cute.Tensor):
+        """``update`` without O (``intra_wg_overlap``): P in place of S and the statistics
+        moved to the tile's maxima, the factor each row of O must be rescaled by written to
+        ``corrections``; ``rescale_o`` applies it once nothing reads O any more."""
+        s_mn = acc_mn_view(acc_s)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            corrections[r] = self._row_update(s_mn, r, False)
+
+    @cute.jit
+    def rescale_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
+        """O's rows times the ``corrections`` of ``step``."""
+        o_mn = acc_mn_view(acc_o)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            o_mn[r, None] = o_mn[r, None].load() * corrections[r]
+
+    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool):
+        """Row ``r`` of the tile: P in place of S, the row's max and sum updated; returns
+        the factor O's row must be rescaled by (unused for the first tile)."""
+        row = self._scores(s_mn[r, None].load())
+        m_old = self.row_max[r]
+        m_new = self._new_max(row, m_old, first)
+        m_exp = self._exponent_max(m_new)
+        p = self._exp(row, m_exp)
+        correction = self._exp(m_old, m_exp)
+        self.row_max[r] = m_new
+        s_mn[r, None] = p
+        if cutlass.const_expr(self.sum_chains > 1):
+            tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
+        else:
+            # The ladder rows were measured (and their SASS recorded) with this chain.
+            tile_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        if cutlass.const_expr(first):
+            self.row_sum[r] = tile_sum
+        else:
+            self.row_sum[r] = self.row_sum[r] * correction + tile_sum
+        return correction
 
     @cute.jit
     def rescale(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):

@@ -17,6 +17,11 @@ straight from the S registers, O normalised once); what changes is who does the 
   64 query rows each and run the softmax and the MMAs.
 * **Epilogue by TMA.** O is staged in Q's shared memory (each warpgroup reads only its own
   64 rows of Q) and written by one TMA store, which also clips the rows past Sq.
+* **Schedule knobs** (FlashAttention-3's two overlaps). ``intra_wg_overlap``: a warpgroup
+  issues block j's S = Q K^T together with block j-1's O += P V and runs block j's softmax
+  while both are on the tensor cores (``_overlapped_blocks``). ``pingpong``: the two consumer
+  warpgroups take turns at the tensor cores through two named barriers, so one's softmax runs
+  under the other's MMAs (``_turn_begin`` / ``_turn_end``).
 
 Masking (Sk tail, causal and sliding windows) and the mask phases of the main loop are those
 of the ``mma.sync`` kernel (``kernels/common/mask.py``). Not served: packed (varlen)
@@ -52,6 +57,8 @@ from attnlab.kernels.common.tma import rows_first, tile_partition
 #: consumers (3 warpgroups x 128 threads share the SM's 64K).
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
+#: Threads that meet at a ping-pong turn barrier: both consumer warpgroups.
+TURN_THREADS = 256
 
 
 class FlashForwardSm90(ForwardKernel):
@@ -246,20 +253,29 @@ class FlashForwardSm90(ForwardKernel):
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
+        # This consumer warpgroup's index (0 or 1), uniform over its warps.
+        wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+        if cutlass.const_expr(cfg.pingpong):
+            if wg == 0:
+                # The first turn at the tensor cores is warpgroup 0's.
+                NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
         cute.arch.mbarrier_wait(q_bar, 0)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                              cfg.kv_stages)
         operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn,
-                    row0, seqlen_q, seqlen_k, window_left, window_right)
+                    row0, seqlen_q, seqlen_k, window_left, window_right, wg)
         bounds = phase_bounds(n_min, left_end, right_start, n_max, self.windowed)
-        for p in cutlass.range_constexpr(len(bounds)):
-            lo, hi = bounds[p]
-            if cutlass.const_expr(phase_masked(self.windowed, p)):
-                for n_block in cutlass.range(lo, hi, unroll=1):
-                    state = self._kv_block(n_block, state, *operands, masked=True)
-            else:
-                for n_block in cutlass.range(lo, hi, unroll=1):
-                    state = self._kv_block(n_block, state, *operands, masked=False)
+        if cutlass.const_expr(cfg.intra_wg_overlap):
+            self._overlapped_blocks(state, operands, bounds, n_min, n_max)
+        else:
+            for p in cutlass.range_constexpr(len(bounds)):
+                lo, hi = bounds[p]
+                if cutlass.const_expr(phase_masked(self.windowed, p)):
+                    for n_block in cutlass.range(lo, hi, unroll=1):
+                        state = self._kv_block(n_block, state, *operands, masked=True)
+                else:
+                    for n_block in cutlass.range(lo, hi, unroll=1):
+                        state = self._kv_block(n_block, state, *operands, masked=False)
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
@@ -272,13 +288,18 @@ class FlashForwardSm90(ForwardKernel):
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
                   tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor,
                   softmax: OnlineSoftmax, pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q,
-                  seqlen_k, window_left, window_right, masked: cutlass.Constexpr):
-        """One K/V block of a consumer warpgroup; returns the advanced ring state."""
+                  seqlen_k, window_left, window_right, wg, masked: cutlass.Constexpr):
+        """One K/V block of a consumer warpgroup; returns the advanced ring state. With
+        ``pingpong`` the warpgroup hands the tensor cores over once its S = Q K^T is issued
+        and waits for them back before O += P V."""
         cfg = self.cfg
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
                                       cutlass.Float32)
         pipes[0].consumer_wait(state)
-        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
+                   wait=False)
+        self._turn_end(wg)
+        warpgroup.wait_group(0)
         pipes[0].consumer_release(state)
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
@@ -287,16 +308,104 @@ class FlashForwardSm90(ForwardKernel):
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         pipes[1].consumer_wait(state)
+        self._turn_begin(wg)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, state.index], zero_init=False)
         pipes[1].consumer_release(state)
         state.advance()
         return state
 
+    @cute.jit
+    def _overlapped_blocks(self, state, operands: tuple, bounds: list, n_min, n_max):
+        """The main loop with ``intra_wg_overlap``: the first block's S and softmax on their
+        own, then per block j its S = Q K^T and block j-1's O += P V issued together, block
+        j's softmax while they run, O rescaled once the P V MMAs are done; the last block's
+        O += P V after the loop."""
+        (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn, row0,
+         seqlen_q, seqlen_k, window_left, window_right, wg) = operands
+        cfg = self.cfg
+        s_shape = thr_qk.partition_shape_C((cfg.block_m, cfg.block_n))
+        # P of the previous block, read by its O += P V while this block's S is computed.
+        rP = cute.make_rmem_tensor(s_shape, self.dtype)
+        corrections = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
+        if n_min < n_max:
+            acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            pipes[0].consumer_wait(state)
+            self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+            pipes[0].consumer_release(state)
+            # Masked whatever its phase: any block may be the first.
+            apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
+                       window_left, window_right, self.windowed)
+            softmax.update(acc_S, acc_O, first=True)
+            rP.store(acc_S.load().to(self.dtype))
+            v_state = state.clone()
+            state.advance()
+            blocks = (rP, corrections, *operands)
+            for p in cutlass.range_constexpr(len(bounds)):
+                lo, hi = bounds[p]
+                lo = cutlass.max(lo, n_min + 1)
+                if cutlass.const_expr(phase_masked(self.windowed, p)):
+                    for n_block in cutlass.range(lo, hi, unroll=1):
+                        state, v_state = self._overlapped_block(n_block, state, v_state,
+                                                                *blocks, masked=True)
+                else:
+                    for n_block in cutlass.range(lo, hi, unroll=1):
+                        state, v_state = self._overlapped_block(n_block, state, v_state,
+                                                                *blocks, masked=False)
+            pipes[1].consumer_wait(v_state)
+            self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+                       tOrV[None, None, None, v_state.index], zero_init=False)
+            pipes[1].consumer_release(v_state)
+
+    @cute.jit
+    def _overlapped_block(self, n_block, state, v_state, rP: cute.Tensor,
+                          corrections: cute.Tensor, mma_qk: cute.TiledMma,
+                          mma_pv: cute.TiledMma, thr_qk, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+                          tOrV: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax,
+                          pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q, seqlen_k,
+                          window_left, window_right, wg, masked: cutlass.Constexpr):
+        """Block ``n_block``'s S and the previous block's O += P V (``v_state``'s V stage) in
+        flight together; returns the ring states of the next block and of this one's V."""
+        cfg = self.cfg
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        pipes[0].consumer_wait(state)
+        self._turn_begin(wg)
+        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
+                   wait=False)
+        pipes[1].consumer_wait(v_state)
+        self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+                   tOrV[None, None, None, v_state.index], zero_init=False, wait=False)
+        self._turn_end(wg)
+        warpgroup.wait_group(1)  # S has landed; P V may still run
+        pipes[0].consumer_release(state)
+        if cutlass.const_expr(masked):
+            apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
+                       window_left, window_right, self.windowed)
+        softmax.step(acc_S, corrections)
+        warpgroup.wait_group(0)  # P V is done: O and the previous P are free
+        pipes[1].consumer_release(v_state)
+        softmax.rescale_o(acc_O, corrections)
+        rP.store(acc_S.load().to(self.dtype))
+        v_state = state.clone()
+        state.advance()
+        return state, v_state
+
+    def _turn_begin(self, wg):
+        """``pingpong``: wait for this warpgroup's turn at the tensor cores."""
+        if cutlass.const_expr(self.cfg.pingpong):
+            NamedBarrier.SCHEDULER.sync(TURN_THREADS, wg)
+
+    def _turn_end(self, wg):
+        """``pingpong``: give the turn to the other warpgroup."""
+        if cutlass.const_expr(self.cfg.pingpong):
+            NamedBarrier.SCHEDULER.arrive(TURN_THREADS, 1 - wg)
+
     def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-              tCrB: cute.Tensor, zero_init: bool):
-        """``acc (+)= A @ B`` as one batch of wgmma k-steps, waited for before returning (the
-        caller then reads ``acc`` or frees B's stage)."""
+              tCrB: cute.Tensor, zero_init: bool, wait: bool = True):
+        """``acc (+)= A @ B`` as one batch (commit group) of wgmma k-steps; with ``wait``,
+        waited for before returning (the caller then reads ``acc`` or frees B's stage),
+        else the caller waits with ``warpgroup.wait_group``."""
         # A fresh atom per call: its accumulate flag is runtime state, and setting it on the
         # tiled MMA inside a loop would leave that state defined in the loop's region.
         atom = cute.make_mma_atom(tiled_mma.op)
@@ -305,7 +414,8 @@ class FlashForwardSm90(ForwardKernel):
             atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
             cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+        if wait:
+            warpgroup.wait_group(0)
 
     @cute.jit
     def _store_o(self, tma_o: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
