@@ -290,12 +290,14 @@ class FlashForwardSm90(ForwardKernel):
                   softmax: OnlineSoftmax, pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q,
                   seqlen_k, window_left, window_right, wg, masked: cutlass.Constexpr):
         """One K/V block of a consumer warpgroup; returns the advanced ring state. With
-        ``pingpong`` the warpgroup hands the tensor cores over once its S = Q K^T is issued
-        and waits for them back before O += P V."""
+        ``pingpong`` the warpgroups take turns issuing their S = Q K^T: each waits for its
+        turn, issues, and hands the turn over (a warpgroup that arrived twice before the other
+        waited once would complete the other's barrier alone)."""
         cfg = self.cfg
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
                                       cutlass.Float32)
         pipes[0].consumer_wait(state)
+        self._turn_begin(wg)
         self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
                    wait=False)
         self._turn_end(wg)
@@ -308,7 +310,6 @@ class FlashForwardSm90(ForwardKernel):
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         pipes[1].consumer_wait(state)
-        self._turn_begin(wg)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, state.index], zero_init=False)
         pipes[1].consumer_release(state)
