@@ -43,11 +43,14 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 }
 
 
-#: The wgmma kernel's tile and ring depth per head dim, measured against the other candidates
-#: on an H100 (docs/ladder.md, "Ninth session"), causal and plain alike.
+#: The wgmma kernel's tile, ring depth and schedule per head dim, causal and plain alike:
+#: B_c and stages from the ninth session's sweep (docs/ladder.md), then FA3's two overlaps,
+#: measured against the default and the peers on an H100 (docs/measurement.md, eleventh
+#: session: hd128 seq 4k 526 -> 652 TFLOP/s end to end). The intra-warpgroup overlap holds P
+#: beside S: at hd64 B_c = 256 spills with it, B_c = 128 does not.
 SM90A_WGMMA_KNOBS: dict[int, dict[str, object]] = {
-    64: {"block_n": 256, "kv_stages": 3},
-    128: {"block_n": 128, "kv_stages": 3},
+    64: {"block_n": 128, "kv_stages": 3, "intra_wg_overlap": True, "pingpong": True},
+    128: {"block_n": 128, "kv_stages": 3, "intra_wg_overlap": True, "pingpong": True},
 }
 
 
