@@ -216,9 +216,9 @@ def test_interleaved_softmax_spreads_exp2_over_the_pv_mmas(artifact_dir):
 @pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
 def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact_dir):
     """The sm_90a default at hd64/hd128: one HGMMA per 16-wide k-step of each GEMM and mask
-    phase (a 64 x N atom per warpgroup), no mma.sync, ldmatrix or cp.async left; Q/K/V come
-    by TMA and O leaves by a TMA store; the producer warpgroup hands its registers over; no
-    spill at -O3."""
+    phase (a 64 x N atom per warpgroup), plus the intra-warpgroup overlap's first S and last
+    P V outside the loop; no mma.sync, ldmatrix or cp.async left; Q/K/V come by TMA and O
+    leaves by a TMA store; the producer warpgroup hands its registers over; no spill at -O3."""
     cfg = policy.default_for("sm_90a", head_dim, windowed)
     assert cfg.wgmma and cfg == ladder.HOPPER_STEPS["wgmma"].replace(
         **policy.SM90A_WGMMA_KNOBS[head_dim])
@@ -226,8 +226,9 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
     ops = histogram(parse(sass_text))
-    phases = 3 if windowed else 2
-    assert ops["HGMMA"] == phases * (head_dim // 16 + cfg.block_n // 16)
+    bodies = (3 if windowed else 2) + cfg.intra_wg_overlap
+    assert cfg.intra_wg_overlap and cfg.pingpong
+    assert ops["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0
     assert ops["USETMAXREG"] == 2
@@ -303,7 +304,8 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
     """``intra_wg_overlap`` runs the first block's S and the last block's P V outside the
     loop bodies (one more copy of each GEMM), with no spill at B_c = 128; ``pingpong`` adds
     only named-barrier turns (a sync and an arrive per loop body, one arrive to start)."""
-    base = policy.default_for("sm_90a", head_dim, windowed).replace(block_n=128)
+    base = policy.default_for("sm_90a", head_dim, windowed).replace(
+        block_n=128, intra_wg_overlap=False, pingpong=False)
     bodies = 3 if windowed else 2
     k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
 
