@@ -13,6 +13,7 @@ Under torch.compile the functions trace through validation to the forward custom
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from attnlab.config import FlashConfig
 from attnlab.validation import (
     COPY_ALIGN_BYTES,
     FULL_WINDOW,
+    Problem,
     check_cu_seqlens_values,
     check_data_pointers,
     check_inputs,
@@ -87,21 +89,15 @@ def attention(
     options = (softmax_scale, causal, window_size, config)
     if torch.compiler.is_compiling():
         return _traced(q, k, v, None, None, None, None, options, return_lse, out)
-    key = None
-    try:
-        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-               v.shape, v.stride(), v.dtype, v.device, options, return_lse,
-               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
-        call = _calls.get(key)
-    except (TypeError, AttributeError):  # unhashable options, or not tensors at all
-        call = None
+    key, call = _lookup(lambda: (
+        q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+        v.shape, v.stride(), v.dtype, v.device, options, return_lse,
+        None if out is None else (out.shape, out.stride(), out.dtype, out.device)))
     if call is None:
         _check_config_type(config)
         problem = check_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                window_size=window_size, out=out, check_pointers=False)
-        call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
-                          problem.varlen, return_lse)
-        _remember(key, call)
+        call = _new_call(key, q, k, v, out, problem, config, return_lse)
     return call(q, k, v, out)
 
 
@@ -153,26 +149,19 @@ def attention_varlen(
     if torch.compiler.is_compiling():
         return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        options, return_lse, out, check_cu_seqlens)
-    key = None
-    try:
-        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-               v.shape, v.stride(), v.dtype, v.device, cu_seqlens_q.shape,
-               cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
-               cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype,
-               cu_seqlens_k.device, max_seqlen_q, max_seqlen_k, options, return_lse,
-               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
-        call = _calls.get(key)
-    except (TypeError, AttributeError):  # unhashable options, or not tensors at all
-        call = None
+    key, call = _lookup(lambda: (
+        q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+        v.shape, v.stride(), v.dtype, v.device, cu_seqlens_q.shape, cu_seqlens_q.stride(),
+        cu_seqlens_q.dtype, cu_seqlens_q.device, cu_seqlens_k.shape, cu_seqlens_k.stride(),
+        cu_seqlens_k.dtype, cu_seqlens_k.device, max_seqlen_q, max_seqlen_k, options,
+        return_lse, None if out is None else (out.shape, out.stride(), out.dtype, out.device)))
     if call is None:
         _check_config_type(config)
         problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, softmax_scale=softmax_scale,
                                       causal=causal, window_size=window_size, out=out,
                                       check_pointers=False)
-        call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
-                          problem.varlen, return_lse)
-        _remember(key, call)
+        call = _new_call(key, q, k, v, out, problem, config, return_lse)
     if check_cu_seqlens:
         check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                 max_seqlen_q, max_seqlen_k)
@@ -222,14 +211,26 @@ class _EagerCall:
 _calls: dict[tuple, _EagerCall] = {}
 
 
-def _remember(key: tuple | None, call: _EagerCall) -> None:
-    """Keep ``call`` for its signature (unless the signature could not be built or hashed:
-    such calls take the slow path every time)."""
+def _lookup(signature: Callable[[], tuple]) -> tuple[tuple | None, _EagerCall | None]:
+    """``(key, remembered call or None)`` of a call signature; ``(None, None)`` when the
+    signature cannot be built or hashed (options that are lists, arguments that are not
+    tensors): such calls take the slow path, whose validation explains what is wrong."""
+    try:
+        key = signature()
+        return key, _calls.get(key)
+    except (TypeError, AttributeError):
+        return None, None
+
+
+def _new_call(key: tuple | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor | None, problem: Problem, config: FlashConfig | None,
+              return_lse: bool) -> _EagerCall:
+    """The call of a validated signature, remembered under ``key`` (unless None)."""
+    call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
+                      problem.varlen, return_lse)
     if key is not None:
-        try:
-            runtime.remember(_calls, key, call)
-        except TypeError:
-            pass
+        runtime.remember(_calls, key, call)
+    return call
 
 
 def forget_calls() -> None:

@@ -7,12 +7,34 @@ launch itself. ``__call__`` is the one place that spells out the launch ABI
 views both kernels index (``tensors.problem_tensors``).
 """
 
+from typing import Any, NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.kernels.common.tensors import element_type, problem_tensors
+
+
+class ForwardTensors(NamedTuple):
+    """What ``ForwardKernel.launch`` gets: the launch's arguments as the kernels index them
+    (``problem_tensors``' views), and the number of sequences (the batch, or the packed
+    sequences of ``cu_seqlens``)."""
+
+    mQ: Any
+    mK: Any
+    mV: Any
+    mO: Any
+    mLSE: Any
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    softmax_scale: Any
+    window_left: Any
+    window_right: Any
+    max_seqlen_q: Any
+    num_seqs: Any
+    num_ctas: Any
 
 
 class ForwardKernel:
@@ -44,17 +66,12 @@ class ForwardKernel:
         stream: cuda.CUstream,
     ):
         """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
-        mQ, mK, mV, mO, mLSE = problem_tensors(q, k, v, out, lse, self.varlen)
         num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
-        self.launch(mQ, mK, mV, mO, mLSE, cu_seqlens_q, cu_seqlens_k, softmax_scale,
-                    window_left, window_right, max_seqlen_q, num_seqs, num_ctas, stream)
+        self.launch(ForwardTensors(
+            *problem_tensors(q, k, v, out, lse, self.varlen), cu_seqlens_q, cu_seqlens_k,
+            softmax_scale, window_left, window_right, max_seqlen_q, num_seqs, num_ctas), stream)
 
-    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
-               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
-               window_left: cutlass.Int32, window_right: cutlass.Int32,
-               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
-               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
         """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
         raise NotImplementedError
 

@@ -45,7 +45,12 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.config import ConfigError
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.kernels.common.base import ForwardKernel, shared_storage, shared_tile
+from attnlab.kernels.common.base import (
+    ForwardKernel,
+    ForwardTensors,
+    shared_storage,
+    shared_tile,
+)
 from attnlab.kernels.common.epilogue import stage_o, store_lse
 from attnlab.kernels.common.layouts import (
     acc_as_operand_a,
@@ -92,13 +97,9 @@ class FlashForwardSm80(ForwardKernel):
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copy atoms, tiled MMA, launch
     # ----------------------------------------------------------------------------------------
-    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
-               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
-               window_left: cutlass.Int32, window_right: cutlass.Int32,
-               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
-               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
         """Layouts, copy atoms and the tiled MMA of the config, then the launch."""
+        mQ, mK, mV, mO, mLSE = t.mQ, t.mK, t.mV, t.mO, t.mLSE
         D = self.head_dim
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
@@ -131,14 +132,14 @@ class FlashForwardSm80(ForwardKernel):
             # N = 16 lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
-        num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
-        grid = (num_m_blocks, num_seqs, mQ.shape[2])
+        num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
+        grid = (num_m_blocks, t.num_seqs, mQ.shape[2])
         if cutlass.const_expr(cfg.persistent):
-            grid = (num_ctas, 1, 1)
+            grid = (t.num_ctas, 1, 1)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, cu_seqlens_q, cu_seqlens_k, window_left, window_right,
-            softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma,
-            SharedStorage, num_m_blocks, num_seqs, kv_tma,
+            mQ, mK, mV, mO, mLSE, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
+            t.window_right, t.softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store,
+            tiled_mma, SharedStorage, num_m_blocks, t.num_seqs, kv_tma,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     def _shared_storage(self, sQ_layout, sKV_layout):

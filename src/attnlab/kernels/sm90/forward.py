@@ -38,18 +38,16 @@ from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M, ConfigError
 from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.common import mask
 from attnlab.kernels.common.barriers import NamedBarrier
-from attnlab.kernels.common.base import ForwardKernel, shared_storage, shared_tile
+from attnlab.kernels.common.base import (
+    ForwardKernel,
+    ForwardTensors,
+    shared_storage,
+    shared_tile,
+)
 from attnlab.kernels.common.epilogue import stage_o, store_lse
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
-from attnlab.kernels.common.mask import (
-    apply_mask,
-    kv_block_range,
-    longest_first,
-    masked_block_bounds,
-    phase_bounds,
-    phase_masked,
-)
 from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tma import rows_first, tile_partition
 
@@ -78,14 +76,10 @@ class FlashForwardSm90(ForwardKernel):
     # ----------------------------------------------------------------------------------------
     # Host side
     # ----------------------------------------------------------------------------------------
-    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-               mLSE: cute.Tensor | None, cu_seqlens_q: cute.Tensor | None,
-               cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
-               window_left: cutlass.Int32, window_right: cutlass.Int32,
-               max_seqlen_q: cutlass.Int32, num_seqs: cutlass.Int32,
-               num_ctas: cutlass.Int32 | None, stream: cuda.CUstream):
+    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
         """Build the TMA descriptors and launch (dense only: no ``cu_seqlens``, no
         ``num_ctas``)."""
+        mQ, mK, mV, mO = t.mQ, t.mK, t.mV, t.mO
         cfg, D = self.cfg, self.head_dim
         tile_qk = (cfg.block_m, cfg.block_n, D)
         tile_pv = (cfg.block_m, D, cfg.block_n)
@@ -120,12 +114,12 @@ class FlashForwardSm90(ForwardKernel):
                                                   (cfg.block_m, D)))
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
-        num_m_blocks = cute.ceil_div(max_seqlen_q, cfg.block_m)
+        num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, mLSE, window_left, window_right, softmax_scale, mma_qk,
-            mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
+            tma_q, tma_k, tma_v, tma_o, t.mLSE, t.window_left, t.window_right, t.softmax_scale,
+            mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
             mQ.shape[2] // mK.shape[2],
-        ).launch(grid=(num_m_blocks, num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
+        ).launch(grid=(num_m_blocks, t.num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
     @staticmethod
@@ -156,7 +150,7 @@ class FlashForwardSm90(ForwardKernel):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         m_block, batch, head = cute.arch.block_idx()
-        m_block = longest_first(m_block, num_m_blocks, self.windowed)
+        m_block = mask.longest_first(m_block, num_m_blocks, self.windowed)
         head_kv = head // heads_per_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -175,9 +169,10 @@ class FlashForwardSm90(ForwardKernel):
 
         seqlen_q, seqlen_k = tma_q[1].shape[0], tma_k[1].shape[0]
         row0 = m_block * cfg.block_m
-        n_min, n_max = kv_block_range(row0, seqlen_q, seqlen_k, window_left, window_right,
-                                      cfg.block_m, cfg.block_n, self.windowed)
-        left_end, right_start = masked_block_bounds(
+        n_min, n_max = mask.kv_block_range(row0, seqlen_q, seqlen_k, window_left,
+                                           window_right, cfg.block_m, cfg.block_n,
+                                           self.windowed)
+        left_end, right_start = mask.masked_block_bounds(
             row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
             cfg.block_n, self.windowed)
 
@@ -264,13 +259,13 @@ class FlashForwardSm90(ForwardKernel):
                                              cfg.kv_stages)
         operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn,
                     row0, seqlen_q, seqlen_k, window_left, window_right, wg)
-        bounds = phase_bounds(n_min, left_end, right_start, n_max, self.windowed)
+        bounds = mask.phase_bounds(n_min, left_end, right_start, n_max, self.windowed)
         if cutlass.const_expr(cfg.intra_wg_overlap):
             self._overlapped_blocks(state, operands, bounds, n_min, n_max)
         else:
             for p in cutlass.range_constexpr(len(bounds)):
                 lo, hi = bounds[p]
-                if cutlass.const_expr(phase_masked(self.windowed, p)):
+                if cutlass.const_expr(mask.phase_masked(self.windowed, p)):
                     for n_block in cutlass.range(lo, hi, unroll=1):
                         state = self._kv_block(n_block, state, *operands, masked=True)
                 else:
@@ -294,18 +289,13 @@ class FlashForwardSm90(ForwardKernel):
         turn, issues, and hands the turn over (a warpgroup that arrived twice before the other
         waited once would complete the other's barrier alone)."""
         cfg = self.cfg
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                      cutlass.Float32)
-        pipes[0].consumer_wait(state)
-        self._turn_begin(wg)
-        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
-                   wait=False)
+        acc_S = self._start_s(state, mma_qk, thr_qk, tSrQ, tSrK, pipes, wg)
         self._turn_end(wg)
         warpgroup.wait_group(0)
         pipes[0].consumer_release(state)
         if cutlass.const_expr(masked):
-            apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
-                       window_left, window_right, self.windowed)
+            mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
+                            window_left, window_right, self.windowed)
         softmax.update(acc_S, acc_O)
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
@@ -335,8 +325,8 @@ class FlashForwardSm90(ForwardKernel):
             self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
             pipes[0].consumer_release(state)
             # Masked whatever its phase: any block may be the first.
-            apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
-                       window_left, window_right, self.windowed)
+            mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
+                            window_left, window_right, self.windowed)
             softmax.update(acc_S, acc_O, first=True)
             rP.store(acc_S.load().to(self.dtype))
             v_state = state.clone()
@@ -345,7 +335,7 @@ class FlashForwardSm90(ForwardKernel):
             for p in cutlass.range_constexpr(len(bounds)):
                 lo, hi = bounds[p]
                 lo = cutlass.max(lo, n_min + 1)
-                if cutlass.const_expr(phase_masked(self.windowed, p)):
+                if cutlass.const_expr(mask.phase_masked(self.windowed, p)):
                     for n_block in cutlass.range(lo, hi, unroll=1):
                         state, v_state = self._overlapped_block(n_block, state, v_state,
                                                                 *blocks, masked=True)
@@ -368,12 +358,7 @@ class FlashForwardSm90(ForwardKernel):
         """Block ``n_block``'s S and the previous block's O += P V (``v_state``'s V stage) in
         flight together; returns the ring states of the next block and of this one's V."""
         cfg = self.cfg
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                      cutlass.Float32)
-        pipes[0].consumer_wait(state)
-        self._turn_begin(wg)
-        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
-                   wait=False)
+        acc_S = self._start_s(state, mma_qk, thr_qk, tSrQ, tSrK, pipes, wg)
         pipes[1].consumer_wait(v_state)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, v_state.index], zero_init=False, wait=False)
@@ -381,8 +366,8 @@ class FlashForwardSm90(ForwardKernel):
         warpgroup.wait_group(1)  # S has landed; P V may still run
         pipes[0].consumer_release(state)
         if cutlass.const_expr(masked):
-            apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
-                       window_left, window_right, self.windowed)
+            mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
+                            window_left, window_right, self.windowed)
         softmax.step(acc_S, corrections)
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
@@ -391,6 +376,18 @@ class FlashForwardSm90(ForwardKernel):
         v_state = state.clone()
         state.advance()
         return state, v_state
+
+    def _start_s(self, state, mma_qk: cute.TiledMma, thr_qk, tSrQ: cute.Tensor,
+                 tSrK: cute.Tensor, pipes: list, wg) -> cute.Tensor:
+        """Wait for the block's K and this warpgroup's turn, then issue S = Q K^T (not waited
+        for): the S accumulator."""
+        acc_S = cute.make_rmem_tensor(
+            thr_qk.partition_shape_C((self.cfg.block_m, self.cfg.block_n)), cutlass.Float32)
+        pipes[0].consumer_wait(state)
+        self._turn_begin(wg)
+        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
+                   wait=False)
+        return acc_S
 
     def _turn_begin(self, wg):
         """``pingpong``: wait for this warpgroup's turn at the tensor cores."""
