@@ -7,34 +7,12 @@ launch itself. ``__call__`` is the one place that spells out the launch ABI
 views both kernels index (``tensors.problem_tensors``).
 """
 
-from typing import Any, NamedTuple
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import ForwardArgs, ForwardSpec
 from attnlab.kernels.common.tensors import element_type, problem_tensors
-
-
-class ForwardTensors(NamedTuple):
-    """What ``ForwardKernel.launch`` gets: the launch's arguments as the kernels index them
-    (``problem_tensors``' views), and the number of sequences (the batch, or the packed
-    sequences of ``cu_seqlens``)."""
-
-    mQ: Any
-    mK: Any
-    mV: Any
-    mO: Any
-    mLSE: Any
-    cu_seqlens_q: Any
-    cu_seqlens_k: Any
-    softmax_scale: Any
-    window_left: Any
-    window_right: Any
-    max_seqlen_q: Any
-    num_seqs: Any
-    num_ctas: Any
 
 
 class ForwardKernel:
@@ -67,12 +45,16 @@ class ForwardKernel:
     ):
         """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
         num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
-        self.launch(ForwardTensors(
-            *problem_tensors(q, k, v, out, lse, self.varlen), cu_seqlens_q, cu_seqlens_k,
-            softmax_scale, window_left, window_right, max_seqlen_q, num_seqs, num_ctas), stream)
+        # The same arguments, the tensors as the kernels index them.
+        views = ForwardArgs(*problem_tensors(q, k, v, out, lse, self.varlen), cu_seqlens_q,
+                            cu_seqlens_k, softmax_scale, window_left, window_right,
+                            max_seqlen_q, num_ctas)
+        self.launch(views, num_seqs, stream)
 
-    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
-        """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
+    def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
+        """Build the kernel's layouts and launch it (traced inside ``__call__``). ``t`` holds
+        (batch, row, head, d) views of q/k/v/out and a (batch, head, row) view of the LSE;
+        ``num_seqs`` is the batch, or the packed sequences of ``cu_seqlens``."""
         raise NotImplementedError
 
 

@@ -44,10 +44,9 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.config import ConfigError
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import ForwardArgs, ForwardSpec
 from attnlab.kernels.common.base import (
     ForwardKernel,
-    ForwardTensors,
     shared_storage,
     shared_tile,
 )
@@ -97,9 +96,9 @@ class FlashForwardSm80(ForwardKernel):
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copy atoms, tiled MMA, launch
     # ----------------------------------------------------------------------------------------
-    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
+    def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
         """Layouts, copy atoms and the tiled MMA of the config, then the launch."""
-        mQ, mK, mV, mO, mLSE = t.mQ, t.mK, t.mV, t.mO, t.mLSE
+        mQ, mK, mV, mO, mLSE = t.q, t.k, t.v, t.out, t.lse
         D = self.head_dim
         cfg = self.cfg
         sQ_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.head_dim)
@@ -133,13 +132,13 @@ class FlashForwardSm80(ForwardKernel):
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
-        grid = (num_m_blocks, t.num_seqs, mQ.shape[2])
+        grid = (num_m_blocks, num_seqs, mQ.shape[2])
         if cutlass.const_expr(cfg.persistent):
             grid = (t.num_ctas, 1, 1)
         self.kernel(
             mQ, mK, mV, mO, mLSE, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store,
-            tiled_mma, SharedStorage, num_m_blocks, t.num_seqs, kv_tma,
+            tiled_mma, SharedStorage, num_m_blocks, num_seqs, kv_tma,
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     def _shared_storage(self, sQ_layout, sKV_layout):

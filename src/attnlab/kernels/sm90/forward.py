@@ -37,12 +37,11 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M, ConfigError
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import ForwardArgs, ForwardSpec
 from attnlab.kernels.common import mask
 from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import (
     ForwardKernel,
-    ForwardTensors,
     shared_storage,
     shared_tile,
 )
@@ -76,10 +75,10 @@ class FlashForwardSm90(ForwardKernel):
     # ----------------------------------------------------------------------------------------
     # Host side
     # ----------------------------------------------------------------------------------------
-    def launch(self, t: ForwardTensors, stream: cuda.CUstream):
+    def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
         """Build the TMA descriptors and launch (dense only: no ``cu_seqlens``, no
         ``num_ctas``)."""
-        mQ, mK, mV, mO = t.mQ, t.mK, t.mV, t.mO
+        mQ, mK, mV, mO = t.q, t.k, t.v, t.out
         cfg, D = self.cfg, self.head_dim
         tile_qk = (cfg.block_m, cfg.block_n, D)
         tile_pv = (cfg.block_m, D, cfg.block_n)
@@ -116,10 +115,10 @@ class FlashForwardSm90(ForwardKernel):
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, t.mLSE, t.window_left, t.window_right, t.softmax_scale,
+            tma_q, tma_k, tma_v, tma_o, t.lse, t.window_left, t.window_right, t.softmax_scale,
             mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
             mQ.shape[2] // mK.shape[2],
-        ).launch(grid=(num_m_blocks, t.num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
+        ).launch(grid=(num_m_blocks, num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
     @staticmethod
