@@ -5,8 +5,10 @@
 # warm, later runs start with `. .dsl-b/env.sh &&` and carry nothing).
 #   test     compile this GPU's defaults into the kernel cache, then the GPU tests
 #   bench    the host section (us per call, first calls) and the end-to-end bench grid
-#   sm90     the Hopper kernel's schedule knobs against the default and the peers
+#   sm90     wgmma tile candidates per head dim against the peers (scripts/sm90_candidates.py)
+#   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
+#   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   explain  attnlab profile (ncu) and roofline
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
@@ -32,6 +34,15 @@ case $mode in
   sm90)
     python3 scripts/sm90_candidates.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
+  table)
+    python3 scripts/hopper_table.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  hopper)
+    for hd in 64 128; do
+      attnlab ladder --family sm90 --head-dim "$hd" --seqlens 1024,4096,16384 --runs 20 \
+        --out "$OUT"
+    done
+    ;;
   ladder)
     attnlab ladder --out "$OUT"
     attnlab ladder --dtype fp16 --seqlens 4096 --out "$OUT/fp16"
@@ -40,5 +51,5 @@ case $mode in
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
     ;;
-  *) echo "unknown mode $mode (test|bench|sm90|ladder|explain)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|sm90|table|hopper|ladder|explain)"; exit 2 ;;
 esac

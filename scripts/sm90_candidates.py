@@ -1,10 +1,12 @@
-"""Time the Hopper kernel's schedule knobs against the default and the peers, in one run.
+"""Time wgmma tiles per head dim against the peers, in one run (what ``SM90A_WGMMA_KNOBS``
+is chosen from).
 
-Usage (GPU): python scripts/sm90_candidates.py [--out DIR]
-For each point (bf16, 16k tokens, hidden 2048) it times the wgmma default, the default with
-``intra_wg_overlap``, with ``pingpong`` and with both (at hd64 the overlap takes B_c = 128,
-where its registers fit), next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device
-only. The table goes to stdout, the numbers to OUT/sm90_candidates.json.
+Usage (GPU): python scripts/sm90_candidates.py [--head-dims 32,96,192,256] [--out DIR]
+For each head dim, plain and causal, bf16, batch 4 x 16 heads x seq 4k, it times the
+wgmma kernel with each candidate tile (B_c, ring stages; FA3's two overlaps on, or as noted)
+next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device only. The candidates are
+compiled into the kernel cache in parallel first. The table goes to stdout, the numbers to
+OUT/sm90_candidates.json.
 """
 
 from __future__ import annotations
@@ -13,32 +15,62 @@ import argparse
 import json
 from pathlib import Path
 
-from attnlab import policy
+from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
+from attnlab.config import FlashConfig
+from attnlab.kernels.abi import ForwardSpec
+from attnlab.ladder import HOPPER_STEPS
 
-POINTS = [Point(16384 // s, s, s, 2048 // hd, hd, "bfloat16", causal)
-          for hd, seqlens in ((128, (1024, 4096, 16384)), (64, (4096, 16384)))
-          for causal in (False, True) for s in seqlens]
+SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
+#: Three consumer warpgroups: 192 query rows per CTA.
+M192 = {"block_m": 192, "num_warps": 12}
+#: Candidate tiles per head dim (B_r = 64 per consumer warpgroup, B_c, ring stages): each
+#: spill-free and within shared memory (B_c x stages bounded by 227 KB at hd192/256).
+TILES: dict[int, dict[str, dict[str, object]]] = {
+    32: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
+         "m192bn128x2": {**M192, "block_n": 128, "kv_stages": 2},
+         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3},
+         "m192bn128x3_nopp": {**M192, "block_n": 128, "kv_stages": 3, "pingpong": False}},
+    64: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
+         "m192bn128x2": {**M192, "block_n": 128, "kv_stages": 2},
+         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3},
+         "m192bn128x3_nopp": {**M192, "block_n": 128, "kv_stages": 3, "pingpong": False}},
+    96: {"bn128x2": {"block_n": 128, "kv_stages": 2},
+         "bn128x3": {"block_n": 128, "kv_stages": 3}},
+    128: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
+          "m192bn64x3": {**M192, "block_n": 64, "kv_stages": 3},
+          "m192bn64x4": {**M192, "block_n": 64, "kv_stages": 4}},
+    192: {"bn64x2": {"block_n": 64, "kv_stages": 2},
+          "bn96x2": {"block_n": 96, "kv_stages": 2},
+          "bn112x2": {"block_n": 112, "kv_stages": 2}},
+    256: {"bn64x2": {"block_n": 64, "kv_stages": 2},
+          "bn80x2": {"block_n": 80, "kv_stages": 2},
+          "bn80x2_nopp": {"block_n": 80, "kv_stages": 2, "pingpong": False}},
+}
 
 
-def candidates(head_dim: int) -> dict:
-    base = policy.default_for("sm_90a", head_dim)
-    overlap = {"intra_wg_overlap": True, **({"block_n": 128} if head_dim == 64 else {})}
-    return {"default": base, "overlap": base.replace(**overlap),
-            "pingpong": base.replace(pingpong=True),
-            "both": base.replace(pingpong=True, **overlap)}
+def candidates(head_dim: int) -> dict[str, FlashConfig]:
+    return {name: HOPPER_STEPS["wgmma"].replace(**{**SCHEDULE, **knobs})
+            for name, knobs in TILES[head_dim].items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--head-dims", default="32,96,192,256")
+    parser.add_argument("--seqlen", type=int, default=4096)
     args = parser.parse_args()
+    head_dims = [int(h) for h in args.head_dims.split(",")]
+    points = [Point(4, args.seqlen, args.seqlen, 16, hd, "bfloat16", causal)
+              for hd in head_dims for causal in (False, True)]
+    kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
+                       for p in points for cfg in candidates(p.head_dim).values()], jobs=16)
     peers = {name: fn for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
     rows = []
-    for point in POINTS:
+    for point in points:
         configs = candidates(point.head_dim)
         impls = {**peers, **{name: attnlab_impl(cfg) for name, cfg in configs.items()}}
         results = measure_point(point, impls, runs=args.runs)
@@ -47,7 +79,7 @@ def main() -> None:
             row[r.impl] = [r.tflops, r.device_tflops, r.error]
         rows.append(row)
         cells = "  ".join(f"{r.impl} {r.tflops:.0f}({r.device_tflops:.0f})" if r.tflops
-                          else f"{r.impl} failed" for r in results)
+                          else f"{r.impl} failed: {(r.error or '')[:80]}" for r in results)
         print(f"{point.label()}: {cells}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_candidates.json").write_text(json.dumps(rows, indent=1))

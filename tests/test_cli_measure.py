@@ -35,6 +35,7 @@ def test_help(command):
     (["bench", "--config", "k99"], "neither a ladder config"),
     (["bench", "--runs", "5"], "greater than or equal to 20"),
     (["ladder", "--anchor", "4000"], "4000 is not one of --seqlens"),
+    (["ladder", "--family", "sm70"], "not one of seeds, sm90"),
     (["tune", "--dtype", "int8"], "unknown dtype"),
 ])
 def test_argument_errors(args, message):

@@ -11,7 +11,7 @@ from attnlab import ladder, policy
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
-from attnlab.config import WGMMA_HEAD_DIMS, ConfigError, FlashConfig
+from attnlab.config import SUPPORTED_HEAD_DIMS, ConfigError, FlashConfig
 
 ARCHS = ("sm_80", "sm_90a")
 #: Ladder configs assembled with ptxas -O1 because their -O3 build spills at hd128 (the
@@ -136,8 +136,8 @@ def test_compile_config_rejects_bad_problems(artifact_dir):
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
-def test_default_config_of_each_head_dim_compiles_without_spills(head_dim, artifact_dir):
-    cfg = policy.default_for("sm_90a", head_dim)
+def test_mma_sync_default_of_each_head_dim_compiles_without_spills(head_dim, artifact_dir):
+    cfg = policy.mma_sync_default_for("sm_90a", head_dim)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
     assert histogram(parse(sass_text))["HMMA"] == expected_hmma(cfg, head_dim)
@@ -180,9 +180,38 @@ def test_hopper_step_is_kernel_16_with_the_tma_ring(artifact_dir):
     assert ops["tma_ring"]["LDGSTS"] < ops["k16"]["LDGSTS"]
     assert ops["tma_ring"]["HMMA"] == ops["k16"]["HMMA"] == expected_hmma(cfg, 128)
     assert "tma_ring" not in ladder.named_for("sm_80")
-    assert ladder.named_for("sm_90a") == ladder.NAMED
+    # All but the tall wgmma step, whose 192 rows and three 128-row K/V stages need 240 KB at
+    # hd128.
+    assert ladder.named_for("sm_90a") == {name: config for name, config in ladder.NAMED.items()
+                                          if name != "wg_tall"}
     # A tile over the arch's shared memory is left out too (kernel 1's 64x64 tiles fit).
     assert "k01" in ladder.named_for("sm_80", 256)
+
+
+def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
+    """``attnlab ladder --family sm90``: the wgmma kernel, then one technique per step, each
+    against the row before it; at hd64 every step builds without a spill, the overlap adds one
+    copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
+    barriers, the third consumer warpgroup only its own 64-row atom (HGMMA per warpgroup
+    unchanged) and 128 threads."""
+    rows = ladder.named_for("sm_90a", 64, "sm90")
+    assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
+    assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
+    assert ladder.named_for("sm_80", 64, "sm90") == {}
+    assert rows["wg_pingpong"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_tall"] == policy.default_for("sm_90a", 64)
+    ops = {}
+    for name, cfg in rows.items():
+        art = compile_config(cfg, "sm_90a", head_dim=64, out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, sass_text).spills, name
+        ops[name] = histogram(parse(sass_text))
+    gemms = 64 // 16 + 128 // 16
+    assert ops["wgmma"]["HGMMA"] == ops["wg_ring3"]["HGMMA"] == 2 * gemms
+    assert ops["wg_overlap"]["HGMMA"] == ops["wg_pingpong"]["HGMMA"] == 3 * gemms
+    assert ops["wg_pingpong"]["BAR"] == ops["wg_overlap"]["BAR"] + 2 * 2 + 1
+    assert ops["wg_tall"]["HGMMA"] == 3 * gemms
+    assert rows["wg_tall"].num_threads == rows["wg_pingpong"].num_threads + 128
 
 
 def _ex2_runs_between_mmas(sass_text: str) -> int:
@@ -212,16 +241,16 @@ def test_interleaved_softmax_spreads_exp2_over_the_pv_mmas(artifact_dir):
     assert runs["sliced"] > 3 * runs["base"], runs
 
 
-@pytest.mark.parametrize("head_dim", WGMMA_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
 def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact_dir):
-    """The sm_90a default at hd64/hd128: one HGMMA per 16-wide k-step of each GEMM and mask
-    phase (a 64 x N atom per warpgroup), plus the intra-warpgroup overlap's first S and last
-    P V outside the loop; no mma.sync, ldmatrix or cp.async left; Q/K/V come by TMA and O
+    """The sm_90a default at every head dim: one HGMMA per 16-wide k-step of each GEMM and
+    mask phase (a 64 x N atom per warpgroup), plus the intra-warpgroup overlap's first S and
+    last P V outside the loop; no mma.sync, ldmatrix or cp.async left; Q/K/V come by TMA and O
     leaves by a TMA store; the producer warpgroup hands its registers over; no spill at -O3."""
     cfg = policy.default_for("sm_90a", head_dim, windowed)
     assert cfg.wgmma and cfg == ladder.HOPPER_STEPS["wgmma"].replace(
-        **policy.SM90A_WGMMA_KNOBS[head_dim])
+        **policy.SM90A_WGMMA_KNOBS[head_dim, windowed])
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=windowed,
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
@@ -235,20 +264,35 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     assert not read_resources(art.cubin, sass_text).spills
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_wgmma_varlen_loads_by_tma_and_stores_rows(head_dim, artifact_dir):
+    """Packed sequences on the wgmma kernel: Q/K/V still by TMA (boxes from each sequence's
+    first row), O by 16-byte stores of the sequence's rows instead of a TMA store (which would
+    write the next sequence's); the MMAs are the dense kernel's; no spill."""
+    cfg = policy.default_for("sm_90a", head_dim, varlen=True)
+    assert cfg == policy.default_for("sm_90a", head_dim)
+
+    def ops(varlen):
+        art = compile_config(cfg, "sm_90a", head_dim=head_dim, varlen=varlen,
+                             out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, sass_text).spills
+        return histogram(parse(sass_text))
+
+    dense, packed = ops(False), ops(True)
+    assert packed["HGMMA"] == dense["HGMMA"]
+    assert packed["UTMALDG"] > 0 and packed["UTMASTG"] == 0 < dense["UTMASTG"]
+    assert packed["STG"] >= cfg.block_m * head_dim * 2 // 16 // (cfg.num_warps * 32)
+
+
 def test_wgmma_is_refused_where_it_cannot_run(artifact_dir):
     cfg = ladder.HOPPER_STEPS["wgmma"]
     with pytest.raises(ConfigError, match="needs sm_90a"):
         compile_config(cfg, "sm_80", head_dim=128, out_dir=artifact_dir)
-    with pytest.raises(ConfigError, match="packed .varlen. sequences"):
-        compile_config(cfg, "sm_90a", head_dim=128, varlen=True, out_dir=artifact_dir)
-    with pytest.raises(ConfigError, match="head dims"):
-        compile_config(cfg, "sm_90a", head_dim=96, out_dir=artifact_dir)
     for bad in ({"tma_kv_loads": False}, {"block_m": 128, "num_warps": 4},
                 {"reverse_kv": True}, {"static_strides": True}, {"kv_stages": 5}):
         with pytest.raises(ConfigError):
             cfg.replace(**bad)
-    assert policy.default_for("sm_90a", 128, varlen=True) == policy.mma_sync_default_for(
-        "sm_90a", 128, varlen=True)
     assert not policy.default_for("sm_90", 128).wgmma
     assert ladder.BASES["wgmma"] == "interleave_softmax"
     assert "wgmma" not in ladder.named_for("sm_80")
@@ -298,14 +342,15 @@ def test_row_sum_chains_of_the_default(head_dim, windowed, dtype, artifact_dir):
     assert chained["FADD"] == single["FADD"] - rows * bodies
 
 
-@pytest.mark.parametrize("head_dim", WGMMA_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
 def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
     """``intra_wg_overlap`` runs the first block's S and the last block's P V outside the
-    loop bodies (one more copy of each GEMM), with no spill at B_c = 128; ``pingpong`` adds
-    only named-barrier turns (a sync and an arrive per loop body, one arrive to start)."""
+    loop bodies (one more copy of each GEMM), with no spill at the default's tile (two or three
+    consumer warpgroups); ``pingpong`` adds only named-barrier turns (a sync and an arrive per
+    loop body, one arrive to start)."""
     base = policy.default_for("sm_90a", head_dim, windowed).replace(
-        block_n=128, intra_wg_overlap=False, pingpong=False)
+        intra_wg_overlap=False, pingpong=False)
     bodies = 3 if windowed else 2
     k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
 
@@ -330,7 +375,7 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 def test_overlap_and_pingpong_are_wgmma_knobs():
     with pytest.raises(ConfigError, match="need wgmma"):
         ladder.k07.replace(intra_wg_overlap=True)
-    with pytest.raises(ConfigError, match="two consumer warpgroups"):
+    with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
                                                      pingpong=True).short_name()

@@ -55,7 +55,6 @@ PLAIN = dict(
         ({"row_sum_chains": True}, "row_sum_chains must be an int"),
         ({"tma_kv_loads": True, "eager_kv_loads": False}, "tma_kv_loads needs eager_kv_loads"),
         ({"tma_kv_loads": True, "swizzle": "pad8"}, "tma_kv_loads needs .* the xor swizzle"),
-        ({"tma_kv_loads": True, "persistent": True}, "does not combine with persistent"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",

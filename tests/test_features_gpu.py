@@ -209,10 +209,23 @@ def test_varlen_ragged(window, dtype):
     check_varlen(window, dtype)
 
 
-def check_varlen(window, dtype, config=None):
-    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, 128, dtype,
-                                                      seed=11)
-    scale = 1 / math.sqrt(128)
+@pytest.mark.parametrize("head_dim", [32, 64, 256])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_varlen_wgmma(head_dim, window):
+    """Packed sequences on the wgmma kernel: TMA boxes that start mid-tensor and read into the
+    next sequence (its keys masked, its rows never stored), empty sequences, three consumer
+    warpgroups (hd32/64 unmasked)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1), varlen=True)
+    assert config.wgmma
+    check_varlen(window, torch.bfloat16, config, head_dim)
+
+
+def check_varlen(window, dtype, config=None, head_dim=128):
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(SEQLENS_Q, SEQLENS_K, 8, 2, head_dim,
+                                                      dtype, seed=11)
+    scale = 1 / math.sqrt(head_dim)
     out, lse = launch_poisoned(q, k, v, scale, window, config,
                                varlen=(cu_q, cu_k, max_q, max_k))
     ref_out, ref_lse = reference.attention_varlen(
@@ -375,12 +388,20 @@ def test_knob_configs_varlen(name, window):
     check_varlen(window, torch.float16, ladder.NAMED[name])
 
 
-def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas():
+@pytest.mark.parametrize("loads", [{}, ladder.TMA_RING, {"tma_kv_loads": True}],
+                         ids=["cp_async", "tma_ring", "tma_one_stage"])
+def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
     """512 output tiles on a grid of SMs x resident CTAs (fewer): each CTA loops over several
-    tiles, and every tile is written (the outputs are poisoned)."""
+    tiles, and every tile is written (the outputs are poisoned). With TMA loads the barriers'
+    phases run on across a CTA's tiles, which under a causal mask hold odd and even numbers
+    of K/V blocks; and again with tails in both sequences."""
     from attnlab import device, runtime
 
-    config = ladder.NAMED["persistent"]
+    if loads and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    config = ladder.NAMED["persistent"].replace(**loads)
+    q, k, v = dense_inputs(2, 1999, 2011, 8, 2, 128, torch.bfloat16, seed=6)
+    check_dense(q, k, v, window=(-1, 0), config=config)
     q, k, v = dense_inputs(2, 2048, 2048, 16, 16, 128, torch.bfloat16, seed=5)
     problem = describe(q, k, 128**-0.5, (-1, -1))
     launch = runtime.launch_for(q, k, v, None, problem, config, with_lse=True)
@@ -450,14 +471,17 @@ def test_interleave_softmax(head_dim, changes, window):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("knobs", [{}, {"block_n": 64, "kv_stages": 4},
                                    {"block_n": 192, "kv_stages": 2},
-                                   {"block_m": 64, "num_warps": 4}, {"fused_softmax": False},
+                                   {"block_m": 64, "num_warps": 4, "pingpong": False},
+                                   {"fused_softmax": False},
                                    {"intra_wg_overlap": True, "block_n": 128},
                                    {"intra_wg_overlap": True, "kv_stages": 1},
                                    {"pingpong": True},
                                    {"intra_wg_overlap": True, "pingpong": True,
-                                    "block_n": 128}],
+                                    "block_n": 128},
+                                   {"block_m": 192, "num_warps": 12, "block_n": 64}],
                          ids=["default", "bn64x4", "bn192x2", "one_warpgroup", "unfused",
-                              "overlap", "overlap_1stage", "pingpong", "overlap_pingpong"])
+                              "overlap", "overlap_1stage", "pingpong", "overlap_pingpong",
+                              "three_warpgroups"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (128, 128)],
                          ids=["full", "causal", "win", "band"])
 def test_wgmma_kernel(head_dim, knobs, window):
@@ -469,6 +493,23 @@ def test_wgmma_kernel(head_dim, knobs, window):
     q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim)
     check_dense(q, k, v, window=window, config=config)
     q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 1)
+    check_dense(q, k, v, window=window, config=config)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0), (128, 128)],
+                         ids=["full", "causal", "win", "band"])
+def test_wgmma_head_dims(head_dim, window):
+    """The wgmma default at the head dims beyond 64/128: each its own tile (B_c 96 at hd192,
+    three warpgroups at hd32 unmasked) and swizzle width (96: 64-byte rows), tails, GQA, each
+    mask, Sq > Sk."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, windowed=window != (-1, -1))
+    assert config.wgmma
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim + 2)
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 3)
     check_dense(q, k, v, window=window, config=config)
 
 

@@ -35,6 +35,24 @@ def test_search_space_is_valid_unique_and_holds_the_default():
     assert any(c.k_frags_per_load != c.v_frags_per_load for c in wide)
 
 
+def test_search_space_on_sm90a_holds_every_wgmma_default():
+    """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
+    default of ``policy.SM90A_WGMMA_KNOBS`` is in the space, Ampere's space has none; a wgmma
+    tile's neighbours are its ring depths and schedules, within shared memory."""
+    hopper, ampere = search_space(arch="sm_90a"), search_space()
+    assert not any(c.wgmma for c in ampere)
+    wgmma = [c for c in hopper if c.wgmma]
+    assert len(wgmma) == len(set(wgmma)) and set(hopper) == set(ampere) | set(wgmma)
+    for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
+        assert policy.default_for("sm_90a", head_dim, windowed) in wgmma
+    tall = policy.default_for("sm_90a", 64)
+    around = knob_neighbours(tall, "sm_90a", 64)
+    assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2
+    assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
+    assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
+                                                 256)} == {2}
+
+
 @pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),
                                                       (64, True, "float16")])
 def test_knob_neighbours_cover_chains_walks_and_loads_of_one_tile(head_dim, windowed, dtype):
@@ -155,38 +173,41 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
             == policy.default_for("sm_90a", dtype="float16"))  # the key has the dtype
 
 
-def test_varlen_dispatch_never_picks_tma_loads(fake_h200):
-    """Packed sequences cannot take TMA tiles: the varlen default drops the TMA ring (and
-    the sliced softmax, which paid only with it), and an entry tuned with it gives way to
-    that default."""
+def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
+    """Packed sequences run the wgmma kernel on sm_90a (its TMA boxes start at each
+    sequence); the mma.sync kernel's TMA ring cannot serve them, so an entry tuned with it
+    gives way to the varlen default, and a tuned wgmma entry stands."""
     device = H200
     packed = dataclasses.replace(problem(4096), varlen=True)
-    assert dispatch.config_for(device, problem(4096)).wgmma  # dense: the wgmma kernel
-    plain = policy.mma_sync_default_for("sm_90a", 128)
-    assert plain.tma_kv_loads
-    assert dispatch.config_for(device, packed) == plain.replace(
-        tma_kv_loads=False, kv_stages=1, interleave_softmax=False, ptxas_opt_level=3)
-    fake_h200.put(KEY, plain.replace(row_sum_chains=16))
+    assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128) == (
+        dispatch.config_for(device, problem(4096)))
+    ring = policy.mma_sync_default_for("sm_90a", 128).replace(row_sum_chains=16)
+    assert ring.tma_kv_loads and not ring.wgmma
+    fake_h200.put(KEY, ring)
     fake_h200.save()
     dispatch.reload_tune_cache()
-    assert dispatch.config_for(device, problem(4096)) == plain.replace(row_sum_chains=16)
-    assert not dispatch.config_for(device, packed).tma_kv_loads
+    assert dispatch.config_for(device, problem(4096)) == ring
+    assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128)
+    tall = policy.default_for("sm_90a", 64)
+    fake_h200.put(KEY, tall)
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.config_for(device, packed) == tall
 
 
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
     """Causal and windowed calls compile the windowed kernel, whose default is looked up
-    under its own key, as is each dtype; where the mma.sync kernel serves (hd96), the masked
-    default has its own knobs (policy.SM90_DEFAULT_KNOBS)."""
+    under its own key, as is each dtype; the masked default has its own tile where one
+    measured faster (hd32: two consumer warpgroups, not three; policy.SM90A_WGMMA_KNOBS)."""
     device = H200
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.config_for(device, causal)
     assert chosen == policy.default_for("sm_90a", 128, windowed=True)
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
     assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
-    hd96 = dataclasses.replace(problem(4096), head_dim=96)
-    hd96_causal = dataclasses.replace(hd96, window=(-1, 0))
-    assert dispatch.config_for(device, hd96_causal).tma_kv_loads
-    assert not dispatch.config_for(device, hd96).tma_kv_loads
+    hd32 = dataclasses.replace(problem(4096), head_dim=32)
+    assert dispatch.config_for(device, hd32).block_m == 192
+    assert dispatch.config_for(device, dataclasses.replace(hd32, window=(-1, 0))).block_m == 128
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()

@@ -18,9 +18,8 @@ SWIZZLE_MODES: tuple[str, ...] = ("none", "xor", "pad8")
 #: Rows/columns of one 16x8x16 ``mma.sync`` along M and along the reduction (K) dimension.
 MMA_M = 16
 MMA_K = 16
-#: Rows of one ``wgmma`` (a warpgroup's share of ``block_m``), and the head dims it serves.
+#: Rows of one ``wgmma`` (a warpgroup's share of ``block_m``).
 WGMMA_M = 64
-WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: An 8x8 ``ldmatrix`` fragment is 8 elements wide: two of them cover one MMA_K step.
 FRAG_COLS = 8
 
@@ -105,16 +104,17 @@ class FlashConfig:
             whole CTA: no per-thread copy address competes with the accumulators for
             registers (the values the 32-rows-per-warp tile spilled at -O3), and the
             threads issue no copy instructions. Rows past the end of K/V are zero-filled by
-            the TMA unit. Not for packed (varlen) sequences, whose tiles would run into the
-            next sequence.
+            the TMA unit. The ``mma.sync`` kernel does not take it for packed (varlen)
+            sequences, whose tiles would run into the next sequence; the ``wgmma`` kernel
+            does (its boxes start at each sequence, its keys past the end are masked).
         wgmma: run the Hopper kernel (``kernels/sm90/forward.py``, sm_90a) instead of the
             ``mma.sync`` one: warpgroup MMAs (``wgmma``) read Q and K straight from shared
             memory and P from registers, one producer warp loads Q/K/V with TMA into a
             ``kv_stages`` ring guarded by full/empty mbarriers, and each 64-row slice of
-            ``block_m`` is a consumer warpgroup (``num_warps`` counts the consumer warps;
-            a producer warpgroup is added). The ``ldmatrix`` schedule knobs
-            (``*_frags_per_load``, ``double_buffer_smem_to_rf``, ``row_sum_chains``) do not
-            apply to it.
+            ``block_m`` is a consumer warpgroup (``num_warps`` counts the consumer warps,
+            4, 8 or 12; a producer warpgroup is added). Every head dim, dense or packed.
+            The ``ldmatrix`` schedule knobs (``*_frags_per_load``,
+            ``double_buffer_smem_to_rf``, ``row_sum_chains``) do not apply to it.
         interleave_softmax: turn S into P one MMA_K slice of keys at a time, right before
             the O += P V MMAs of that slice, instead of the whole tile before the first of
             them: the row maxima and the O rescale come first, then each slice's exp2 and
@@ -127,9 +127,9 @@ class FlashConfig:
             tensor cores (FlashAttention-3's intra-warpgroup pipelining): the softmax of one
             block hides behind the MMAs of two, at the price of holding P of the previous
             block in registers beside S. O is rescaled once the P V MMAs are done.
-        pingpong: (wgmma, two consumer warpgroups) the warpgroups take turns at the tensor
-            cores, ordered by two named barriers: one issues its MMAs while the other runs
-            its softmax, so the tensor cores idle less while either exponentiates.
+        pingpong: (wgmma, two or three consumer warpgroups) the warpgroups take turns at the
+            tensor cores, round robin on one named barrier each: one issues its MMAs while the
+            others run their softmax, so the tensor cores idle less while any exponentiates.
     """
 
     block_m: int = 64
@@ -163,8 +163,9 @@ class FlashConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        if self.num_warps not in (1, 2, 4, 8):
-            raise ConfigError(f"num_warps must be one of 1, 2, 4, 8, got {self.num_warps}")
+        if self.num_warps not in ((4, 8, 12) if self.wgmma else (1, 2, 4, 8)):
+            raise ConfigError(f"num_warps must be one of 1, 2, 4, 8 (4, 8, 12 with wgmma), got "
+                              f"{self.num_warps}")
         if self.block_m % (MMA_M * self.num_warps):
             raise ConfigError(
                 f"block_m={self.block_m} must be a multiple of 16 * num_warps = "
@@ -222,11 +223,6 @@ class FlashConfig:
                 "tma_kv_loads needs eager_kv_loads (a TMA copy is asynchronous) and the xor "
                 "swizzle (the TMA unit writes the swizzled tile itself)"
             )
-        if self.tma_kv_loads and self.persistent:
-            raise ConfigError(
-                "tma_kv_loads does not combine with persistent: its mbarrier phases count the "
-                "K/V blocks of one output tile"
-            )
         if self.wgmma:
             self._check_wgmma()
         elif self.intra_wg_overlap or self.pingpong:
@@ -241,15 +237,16 @@ class FlashConfig:
             )
 
     def _check_wgmma(self) -> None:
-        if self.block_m != WGMMA_M * (self.num_warps // 4) or self.num_warps not in (4, 8):
+        if self.block_m != WGMMA_M * (self.num_warps // 4) or self.num_warps not in (4, 8, 12):
             raise ConfigError(
-                f"wgmma needs num_warps 4 or 8 (one or two consumer warpgroups) and block_m = "
-                f"64 per warpgroup, got block_m={self.block_m}, num_warps={self.num_warps}")
+                f"wgmma needs num_warps 4, 8 or 12 (one to three consumer warpgroups) and "
+                f"block_m = 64 per warpgroup, got block_m={self.block_m}, "
+                f"num_warps={self.num_warps}")
         if not self.tma_kv_loads:
             raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
-        if self.pingpong and self.num_warps != 8:
-            raise ConfigError("pingpong takes turns between two consumer warpgroups: it needs "
-                              f"num_warps 8, got {self.num_warps}")
+        if self.pingpong and self.num_warps == 4:
+            raise ConfigError("pingpong takes turns between consumer warpgroups: it needs two "
+                              "or three (num_warps 8 or 12), got one")
         unsupported = [name for name in ("reverse_kv", "peel_first_kv_block", "d_head_tile",
                                          "persistent", "static_strides", "interleave_softmax")
                        if getattr(self, name)]
@@ -348,8 +345,6 @@ class FlashConfig:
             raise ConfigError(
                 f"d_head_tile={self.d_head_tile} must divide head_dim={head_dim}"
             )
-        if self.wgmma and head_dim not in WGMMA_HEAD_DIMS:
-            raise ConfigError(f"wgmma serves head dims {WGMMA_HEAD_DIMS}, not {head_dim}")
         if arch is None:
             return
         if self.wgmma and arch != "sm_90a":

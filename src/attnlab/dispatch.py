@@ -69,8 +69,9 @@ def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     # speak for it (their best knobs differ, docs/ladder.md).
     tuned = tune_cache().get(tune_key(gpu, dtype, problem.head_dim, problem.seqlen_q,
                                       causal=problem.windowed))
-    # Packed sequences cannot take TMA tiles (FlashConfig.tma_kv_loads): an entry tuned with
-    # them gives way to the varlen default.
-    if tuned is not None and not (problem.varlen and tuned.tma_kv_loads):
+    # The mma.sync kernel's TMA ring cannot serve packed sequences (FlashConfig.tma_kv_loads;
+    # the wgmma kernel's boxes start at each sequence): such an entry gives way to the
+    # varlen default.
+    if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
         return tuned
     return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen)

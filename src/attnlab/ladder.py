@@ -27,7 +27,8 @@ each change one thing of their base: kernel 7, or for ``bc128`` the lab's own
 16-rows-per-warp kernel. ``HOPPER_STEPS`` go on from kernel 16 with what only sm_90 has: K/V
 through the TMA unit, the softmax sliced into the P V MMAs on that ring, then the
 warpgroup-MMA kernel (``kernels/sm90``); ``named_for(arch)`` leaves them out where they
-cannot run.
+cannot run. ``WGMMA_STEPS`` are the Hopper ladder: the warpgroup-MMA kernel's own steps to
+the sm_90a default (``FAMILIES`` names the rows of each ``attnlab ladder --family``).
 
 Every named config builds with no register spill (the issue's target, kept by
 ``tests/test_compile.py``): from kernel 7 on, the 32-rows-per-warp tile is assembled with
@@ -122,13 +123,33 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
     "wgmma": k16.replace(block_n=128, **WGMMA),
 }
 
+#: The Hopper ladder (``attnlab ladder --family sm90``): from the first warpgroup-MMA kernel to
+#: the sm_90a default, one technique per step (docs/ladder.md, "The Hopper ladder"). A third
+#: K/V stage; FA3's intra-warpgroup overlap (S of block j issued with P V of block j-1); its
+#: ping-pong of the consumer warpgroups; then a third consumer warpgroup (B_r = 192), which
+#: the default takes at hd32/hd64 without a mask (at hd128 its tile needs 240 KB of shared
+#: memory, so the hd128 ladder has no such row).
+_RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
+WGMMA_STEPS: dict[str, FlashConfig] = {
+    "wg_ring3": _RING3,
+    "wg_overlap": _RING3.replace(intra_wg_overlap=True),
+    "wg_pingpong": _RING3.replace(intra_wg_overlap=True, pingpong=True),
+    "wg_tall": _RING3.replace(intra_wg_overlap=True, pingpong=True, block_m=192, num_warps=12),
+}
+#: The rows of each ``attnlab ladder --family``.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "seeds": (*LADDER, *LAB_VARIANTS, *HOPPER_STEPS),
+    "sm90": ("wgmma", *WGMMA_STEPS),
+}
+
 #: The config each row changes (its delta in ``attnlab ladder`` is against that row).
 BASES: dict[str, str] = {
     **{f"k{i:02d}": f"k{i - 1:02d}" for i in range(2, 11)},
     "k11": "k09", "k12": "k11", "k13": "k12", "k14": "k12", "k15": "k12", "k16": "k12",
     **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
-    "wgmma": "interleave_softmax",
+    "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
+    "wg_pingpong": "wg_overlap", "wg_tall": "wg_pingpong",
 }
 
 #: What each step adds, for tables and plots.
@@ -157,6 +178,10 @@ STEP_NAMES: dict[str, str] = {
     "tma_ring": "sm_90: K/V by TMA into a 2-stage ring",
     "interleave_softmax": "sm_90: softmax sliced into the P V MMAs",
     "wgmma": "sm_90a: warpgroup MMAs, TMA producer warp",
+    "wg_ring3": "sm_90a: a third K/V stage",
+    "wg_overlap": "sm_90a: S of block j issued with P V of block j-1",
+    "wg_pingpong": "sm_90a: consumer warpgroups take turns at the MMAs",
+    "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
 }
 
 
@@ -181,14 +206,18 @@ def k07_for(arch: str, head_dim: int = 128) -> FlashConfig:
     return config
 
 
-NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS, **HOPPER_STEPS}
+NAMED: dict[str, FlashConfig] = {**LADDER, **LAB_VARIANTS, **HOPPER_STEPS, **WGMMA_STEPS}
 
 
-def named_for(arch: str, head_dim: int = 128) -> dict[str, FlashConfig]:
-    """``NAMED`` without the configs that ``arch`` cannot run at ``head_dim`` (the sm_90
-    steps on an Ampere GPU, a tile over its shared memory)."""
+def named_for(arch: str, head_dim: int = 128, ladder_family: str | None = None
+              ) -> dict[str, FlashConfig]:
+    """``NAMED`` (or the rows of ``FAMILIES[ladder_family]``) without the configs that ``arch``
+    cannot run at ``head_dim`` (the sm_90 steps on an Ampere GPU, a tile over its shared
+    memory)."""
+    names = FAMILIES[ladder_family] if ladder_family is not None else NAMED
     runnable = {}
-    for name, config in NAMED.items():
+    for name in names:
+        config = NAMED[name]
         try:
             config.check_problem(head_dim, arch)
         except ConfigError:

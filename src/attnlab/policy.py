@@ -8,7 +8,7 @@ in ``docs/ladder.md`` that measured it.
 
 from __future__ import annotations
 
-from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, WGMMA_HEAD_DIMS, FlashConfig
+from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family, k07_for
 
@@ -43,26 +43,37 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 }
 
 
-#: The wgmma kernel's tile, ring depth and schedule per head dim, causal and plain alike:
-#: B_c and stages from the ninth session's sweep (docs/ladder.md), then FA3's two overlaps,
-#: measured against the default and the peers on an H100 (docs/measurement.md, eleventh
-#: session: hd128 seq 4k 526 -> 652 TFLOP/s end to end). The intra-warpgroup overlap holds P
-#: beside S: at hd64 B_c = 256 spills with it, B_c = 128 does not.
-SM90A_WGMMA_KNOBS: dict[int, dict[str, object]] = {
-    64: {"block_n": 128, "kv_stages": 3, "intra_wg_overlap": True, "pingpong": True},
-    128: {"block_n": 128, "kv_stages": 3, "intra_wg_overlap": True, "pingpong": True},
+#: The wgmma kernel's tile per (head dim, windowed): FA3's two overlaps everywhere (eleventh
+#: session: hd128 seq 4k 526 -> 652 TFLOP/s end to end), B_r / B_c / stages from the tile
+#: sweeps on an H100 (docs/measurement.md, twelfth session, ``scripts/sm90_candidates.py``).
+#: Three consumer warpgroups (B_r = 192) at hd32/hd64 without a mask (+16% / +8%; masked,
+#: the taller tile's diagonal blocks cost more than it saves); B_c = 96 at hd192 and 64 at
+#: hd256 (80 and 112, FA3's, measured 2x slower without a mask, and 80 spills with one).
+#: The intra-warpgroup overlap holds P beside S: at hd64 B_c = 256 spills with it.
+_WGMMA_TILES: dict[int, dict[str, int]] = {
+    32: {"block_n": 128, "kv_stages": 3},
+    64: {"block_n": 128, "kv_stages": 3},
+    96: {"block_n": 128, "kv_stages": 2},
+    128: {"block_n": 128, "kv_stages": 3},
+    192: {"block_n": 96, "kv_stages": 2},
+    256: {"block_n": 64, "kv_stages": 2},
 }
+_THREE_WARPGROUPS = {"block_m": 192, "num_warps": 12}
+SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
+    (head_dim, windowed): {
+        **tile, "intra_wg_overlap": True, "pingpong": True,
+        **(_THREE_WARPGROUPS if head_dim <= 64 and not windowed else {})}
+    for head_dim, tile in _WGMMA_TILES.items() for windowed in (False, True)}
 
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
                 dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
-    """What ``attention()`` runs without a tuned entry: on sm_90a, at the head dims it serves
-    and for dense (not packed) sequences, the warpgroup-MMA kernel with the tile measured
-    best (``SM90A_WGMMA_KNOBS``); otherwise ``mma_sync_default_for``. (``windowed``: causal
-    or sliding-window attention; ``dtype``: ``"bfloat16"`` or ``"float16"``; ``varlen``:
-    packed sequences.)"""
-    if arch == "sm_90a" and head_dim in WGMMA_HEAD_DIMS and not varlen:
-        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim])
+    """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
+    warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``); otherwise
+    ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
+    ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences.)"""
+    if arch == "sm_90a":
+        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 

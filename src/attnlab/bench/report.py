@@ -127,10 +127,12 @@ class LadderRow:
 
 
 def ladder_rows(results: Sequence[Result], steps: dict[str, str], anchor: int = 4096,
-                bases: dict[str, str] | None = None) -> list[LadderRow]:
-    """Percent of the reference per config, in ``steps`` order. Each row's delta is against
-    the previous row, or against ``bases[name]`` for a variant of a step (lab variants)."""
-    ratio = ratios(results)
+                bases: dict[str, str] | None = None, *, device: bool = False
+                ) -> list[LadderRow]:
+    """Percent of the reference per config, in ``steps`` order, end to end (or with
+    ``device``, device only). Each row's delta is against the previous row, or against
+    ``bases[name]`` for a variant of a step (lab variants)."""
+    ratio = ratios(results, device=device)
     bases = bases or {}
     rows, at = [], {}
     previous = None

@@ -182,6 +182,10 @@ def _device_title(what: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+#: Peers shown as rows of the Hopper ladder.
+PEER_ROWS = {"sdpa_cudnn": "peer: cuDNN (torch SDPA)", "fa4": "peer: FA4 (flash-attn-4)"}
+
+
 @app.command()
 def ladder(
     seqlens: str = typer.Option(FULL_SEQLENS, help="Sequence lengths of the harmonic mean."),
@@ -191,12 +195,16 @@ def ladder(
     tokens: int = typer.Option(16384),
     hidden: int = typer.Option(2048),
     runs: int = typer.Option(30, min=20),
+    family: str = typer.Option("seeds", help="seeds: k01-k16, the lab's variants and the "
+                               "sm_90 mma.sync steps; sm90: the wgmma kernel's steps, with "
+                               "cuDNN and FA4 as rows."),
     out: Path = OUT_OPTION,
 ) -> None:
     """The seeds' table: percent of SDPA flash per ladder step and lab variant, at ANCHOR and
-    as a harmonic mean over the seqlens; each row's delta to its base (``ladder.BASES``)."""
+    as a harmonic mean over the seqlens; each row's delta to its base (``ladder.BASES``).
+    With ``--family sm90``, the Hopper ladder beside the peers it is measured against."""
     from attnlab import ladder as ladder_configs
-    from attnlab.bench.baselines import sdpa
+    from attnlab.bench.baselines import available_peers, sdpa
     from attnlab.bench.report import (
         ladder_rows,
         ladder_table,
@@ -206,6 +214,10 @@ def ladder(
     )
     from attnlab.bench.runner import REFERENCE, attnlab_impl, measure_grid, tokens_grid
 
+    if family not in ladder_configs.FAMILIES:
+        raise typer.BadParameter(
+            f"{family!r} is not one of {', '.join(ladder_configs.FAMILIES)}",
+            param_hint="--family")
     lengths = parse_ints(seqlens, "--seqlens")
     if anchor not in lengths:
         raise typer.BadParameter(f"{anchor} is not one of --seqlens {lengths}",
@@ -217,20 +229,30 @@ def ladder(
 
     from attnlab.device import arch_of
 
-    configs = ladder_configs.named_for(arch_of(torch.device("cuda")), head_dim)
+    configs = ladder_configs.named_for(arch_of(torch.device("cuda")), head_dim, family)
     impls = {REFERENCE: sdpa(REFERENCE)}
     impls.update({name: attnlab_impl(cfg) for name, cfg in configs.items()})
+    # The Hopper ladder's peers, as rows of their own (no base: no delta).
+    peers = ({name: fn for name, fn in available_peers().items() if name in PEER_ROWS}
+             if family == "sm90" else {})
+    impls.update(peers)
     out.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         task = progress.add_task("ladder", total=len(points))
         results = measure_grid(points, impls, runs=runs,
                                on_point=lambda p: progress.advance(task))
     steps = {name: step for name, step in ladder_configs.STEP_NAMES.items() if name in configs}
-    rows = ladder_rows(results, steps, anchor, bases=ladder_configs.BASES)
+    steps.update({name: PEER_ROWS[name] for name in peers})
+    bases = {**ladder_configs.BASES, **dict.fromkeys(peers, "")}
+    rows = ladder_rows(results, steps, anchor, bases=bases)
     ref = reference_tflops(results, anchor)
     console.print(ladder_table(rows, ref, _device_title(
         f"attnlab ladder, {dtype_name} hd{head_dim}"), anchor))
-    stem = f"ladder_{dtype_name}_hd{head_dim}"
+    if family == "sm90":
+        console.print(ladder_table(
+            ladder_rows(results, steps, anchor, bases=bases, device=True), None,
+            _device_title(f"the same, device only, {dtype_name} hd{head_dim}"), anchor))
+    stem = f"ladder_{'' if family == 'seeds' else family + '_'}{dtype_name}_hd{head_dim}"
     json_path = write_json(out / f"{stem}.json", "ladder", results, rows=rows,
                            configs={n: c.to_dict() for n, c in configs.items()})
     png_path = plot_ladder(rows, out / f"{stem}.png", anchor)
@@ -290,7 +312,7 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
 
     gpu = device.info(torch.device("cuda"))
     arch = gpu.arch
-    space = search_space(wide)
+    space = search_space(wide, arch)
     outcomes = []
     with progress_bar() as progress, tempfile.TemporaryDirectory() as artifacts:
         for causal in masks:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import itertools
 
 from attnlab.config import ConfigError, FlashConfig
-from attnlab.ladder import INTERLEAVED_SOFTMAX, TMA_RING, family
+from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family
+
+#: The wgmma kernel's search: consumer warpgroups (B_r = 64 each), B_c, ring stages.
+WGMMA_CONSUMERS = (1, 2, 3)
+WGMMA_BLOCK_N = (64, 96, 128, 192)
+WGMMA_STAGES = (2, 3, 4)
 
 
-def search_space(wide: bool = False) -> list[FlashConfig]:
-    """Valid configs over block shapes, warps, sub-tiling and double buffering.
+def search_space(wide: bool = False, arch: str = "sm_80") -> list[FlashConfig]:
+    """Valid configs over block shapes, warps, sub-tiling and double buffering; on sm_90a
+    also the warpgroup-MMA kernel's (``wgmma_space``).
 
     Kernels 3 and 6 (eager loads, fused softmax), cp.async and the unpredicated full tiles
     are always on: the seeds' tuning (kernel 7) kept the first three fixed, and the last helps
@@ -30,6 +36,22 @@ def search_space(wide: bool = False) -> list[FlashConfig]:
                 unpredicated_full_tiles=True, static_strides=True))
         except ConfigError:
             continue  # e.g. 8 warps cannot split 64 rows into 16-row MMA tiles
+    return configs + (wgmma_space() if arch == "sm_90a" else [])
+
+
+def wgmma_space() -> list[FlashConfig]:
+    """The warpgroup-MMA kernel's tiles (one to three consumer warpgroups, B_c, ring stages),
+    each with and without FA3's intra-warpgroup overlap and ping-pong (ping-pong needs two
+    warpgroups or more). Shared memory and spills are pruned per head dim after compiling."""
+    configs = []
+    for consumers, block_n, stages, overlap, pingpong in itertools.product(
+            WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES, (False, True), (False, True)):
+        try:
+            configs.append(HOPPER_STEPS["wgmma"].replace(
+                block_m=64 * consumers, num_warps=4 * consumers, block_n=block_n,
+                kv_stages=stages, intra_wg_overlap=overlap, pingpong=pingpong))
+        except ConfigError:
+            continue  # ping-pong with one warpgroup
     return configs
 
 
@@ -42,13 +64,16 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
     """``config`` with each row-sum chain count, each K/V walk direction (kernel 13) and, on
     sm_90, each way of loading K/V: ``cp.async`` eagerly, or the TMA ring (``TMA_RING``)
     where its second stage fits in shared memory at ``head_dim``, with the whole-tile or the
-    sliced softmax (``INTERLEAVED_SOFTMAX``, at ptxas -O1).
+    sliced softmax (``INTERLEAVED_SOFTMAX``, at ptxas -O1). A wgmma tile's neighbours are its
+    ring depths and schedules instead (``_wgmma_neighbours``).
 
     These knobs change no tile and no occupancy (the ring's second stage aside), only how
     ptxas schedules and allocates the loop, and their best value moved with the head dim,
     dtype and mask on an H200 (docs/ladder.md): they are timed around the best tile, not
     pruned statically.
     """
+    if config.wgmma:
+        return _wgmma_neighbours(config, arch, head_dim)
     whole_tile = {"interleave_softmax": False, "ptxas_opt_level": 3}
     loads = [{"tma_kv_loads": False, "kv_stages": 1, **whole_tile}]
     if family(arch) == "sm_90":
@@ -62,5 +87,21 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
                 candidate.check_problem(head_dim, arch)
         except ConfigError:
             continue  # e.g. the ring's second stage does not fit
+        around.append(candidate)
+    return around
+
+
+def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None) -> list[FlashConfig]:
+    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong)."""
+    around = []
+    for stages, overlap, pingpong in itertools.product(WGMMA_STAGES, (False, True),
+                                                       (False, True)):
+        try:
+            candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
+                                       pingpong=pingpong)
+            if head_dim is not None:
+                candidate.check_problem(head_dim, arch)
+        except ConfigError:
+            continue
         around.append(candidate)
     return around

@@ -1,6 +1,7 @@
-"""Epilogue pieces shared by the forward kernels: the LSE store, and O staged in shared memory
-(from where the sm80 kernel stores it with 16-byte copies and the sm90 kernel with the TMA
-unit)."""
+"""Epilogue pieces shared by the forward kernels: the LSE store, and O staged in shared memory,
+from where it leaves by 16-byte copies of whole rows (``store_rows``: the sm80 kernel, and the
+sm90 kernel for packed sequences, whose tiles a TMA store would write past) or by the TMA
+unit (dense sm90)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -34,3 +35,20 @@ def stage_o(acc_O: cute.Tensor, sO: cute.Tensor, tiled_mma: cute.TiledMma, tidx,
                                                      num_bits_per_copy=32), tiled_mma)
     thr_r2s = r2s.get_slice(tidx)
     cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+
+
+@cute.jit
+def store_rows(gmem_store: cute.TiledCopy, sO: cute.Tensor, gO: cute.Tensor, tidx,
+               rows_left: cutlass.Int32):
+    """The staged O tile ``sO`` to its global tile ``gO``, rows at or past ``rows_left`` left
+    alone; every thread of ``gmem_store`` takes part. The caller has made the staged tile
+    visible to all of them (a barrier)."""
+    thr_store = gmem_store.get_slice(tidx)
+    tOsO = thr_store.partition_S(sO)
+    tOgO = thr_store.partition_D(gO)
+    tOcO = thr_store.partition_D(cute.make_identity_tensor(gO.shape))
+    tOrO = cute.make_fragment_like(tOgO, sO.element_type)
+    cute.copy(gmem_store, tOsO, tOrO)
+    for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+        if tOcO[0, m, 0][0] < rows_left:
+            cute.copy(gmem_store, tOrO[None, m, None], tOgO[None, m, None])

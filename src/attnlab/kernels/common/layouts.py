@@ -1,4 +1,5 @@
-"""Shared-memory tile layouts and register-fragment views.
+"""Shared-memory tile layouts, register-fragment views, and the 16-byte row copies between
+global and shared memory.
 
 The three shared-memory layouts are the seeds' kernel-1/kernel-2 story in CuTe terms:
 
@@ -105,3 +106,18 @@ def acc_as_wgmma_operand_a(acc: cute.Tensor) -> cute.Tensor:
         stride=((dc, dr, dt), stride[1], (2 * dt, stride[2])),
     )
     return cute.make_tensor(acc.iterator, view)
+
+
+#: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
+COPY_BITS = 128
+
+
+def row_copy(atom: cute.CopyAtom, num_threads: int, head_dim: int) -> cute.TiledCopy:
+    """``num_threads`` threads copying (rows, ``head_dim``) tiles ``COPY_BITS`` at a time:
+    one swizzle atom's width per group of threads, so a group covers whole 16-byte chunks of
+    the rows it copies."""
+    elems_per_copy = COPY_BITS // atom.value_type.width
+    threads_per_row = atom_cols(head_dim) // elems_per_copy
+    thr_layout = cute.make_layout((num_threads // threads_per_row, threads_per_row),
+                                  stride=(threads_per_row, 1))
+    return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems_per_copy)))

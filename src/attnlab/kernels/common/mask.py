@@ -10,7 +10,7 @@ Three uses: the K/V block range of a CTA (blocks wholly outside the band are nev
 block bounds that split the main loop into masked and unmasked phases (``phase_bounds``,
 ``phase_masked``: one loop per phase, FA2's split, so the unmasked middle runs a body with no
 mask code at all), and the element mask, which only blocks crossing a band edge or the Sk tail
-pay for. And one schedule choice that follows from the band: ``longest_first``.
+pay for. (The order of row blocks that follows from the band is the tile scheduler's.)
 """
 
 import cutlass
@@ -71,13 +71,6 @@ def phase_masked(windowed: bool, phase: int, reverse: bool = False) -> bool:
     not a local tuple: the DSL turns Python locals seen by a loop dynamic.)"""
     masks = (True, False, True) if windowed else (False, True)
     return (masks[::-1] if reverse else masks)[phase]
-
-
-def longest_first(m_block, num_m_blocks, windowed: bool):
-    """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
-    blocks, which see the most keys under a causal band, start first, so the short ones fill
-    the tail of the grid instead of the long ones."""
-    return num_m_blocks - 1 - m_block if windowed else m_block
 
 
 @cute.jit

@@ -15,12 +15,16 @@ def rows_first(t: cute.Tensor) -> cute.Tensor:
 
 
 def tile_partition(tma: tuple, smem: cute.Tensor, tile: tuple, block_coord: tuple, head,
-                   batch) -> tuple:
+                   batch, origin: tuple | None = None) -> tuple:
     """``(smem stages, global blocks)`` of one TMA copy of ``tile``-sized boxes of head
     ``head`` and batch element ``batch``; index a block by its coordinate along the mode that
     ``block_coord`` leaves ``None``, a stage by its index. ``tma`` is ``(atom, coordinate
-    tensor)`` as ``cpasync.make_tiled_tma_atom`` gives them."""
+    tensor)`` as ``cpasync.make_tiled_tma_atom`` gives them. ``origin``: where block 0
+    starts in the tile's two modes (a packed sequence's first row), when not at 0."""
     atom, coords = tma
-    blocks = cute.local_tile(coords[None, None, head, batch], tile, block_coord)
+    head_coords = coords[None, None, head, batch]
+    if origin is not None:
+        head_coords = cute.domain_offset(origin, head_coords)
+    blocks = cute.local_tile(head_coords, tile, block_coord)
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
                                  cute.group_modes(blocks, 0, 2))

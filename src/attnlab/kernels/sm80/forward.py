@@ -24,6 +24,12 @@ Every knob of the seeds' kernels 1-16 is a compile-time branch of this one kerne
   counted on an mbarrier of its stage, instead of a cp.async per thread and 16 bytes; the
   block barrier stays (it frees a stage for the next copy).
 
+A block's stage is its index modulo ``kv_stages``; with TMA loads, the phase its stage's
+barrier completes is the number of earlier blocks in that stage, mod 2. A persistent CTA
+initialises the barriers once and carries each stage's phase from tile to tile
+(``phases_after_tile``, ``tma_wait_parity``), so its later tiles wait for the right
+completion.
+
 Tail tiles need no divisibility: Q rows past Sq and K/V rows past Sk are zero-filled in shared
 memory (never read from global memory), key columns past Sk are masked to -inf in the last
 tile, and O/LSE rows past Sq are not stored.
@@ -50,31 +56,51 @@ from attnlab.kernels.common.base import (
     shared_storage,
     shared_tile,
 )
-from attnlab.kernels.common.epilogue import stage_o, store_lse
+from attnlab.kernels.common.epilogue import stage_o, store_lse, store_rows
 from attnlab.kernels.common.layouts import (
+    COPY_BITS,
     acc_as_operand_a,
     acc_mn_view,
-    atom_cols,
+    row_copy,
     smem_tile_layout,
     tma_swizzle,
 )
 from attnlab.kernels.common.mask import (
     apply_mask,
     kv_block_range,
-    longest_first,
     masked_block_bounds,
     phase_bounds,
     phase_masked,
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
+from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm80.ldmatrix_gemm import gemm
 
-#: Bits moved by one thread per gmem<->smem copy instruction (16 bytes = 8 halves).
-COPY_BITS = 128
 #: Indices of the K and V tiles in the kernel's K/V load plumbing.
 K, V = 0, 1
+
+
+def tma_wait_parity(i, stage, stages: int, phases=None):
+    """The phase parity to wait for on ``stage``'s TMA barrier for the ``i``-th K/V block of a
+    tile: its stage's ``i // stages``-th completion in the tile (consecutive blocks alternate
+    between the stages), after those of a persistent CTA's earlier tiles (bit ``stage`` of
+    ``phases``; None for a CTA of one tile). Plain arithmetic: Python ints or DSL values."""
+    parity = (i // stages) % 2
+    if phases is not None:
+        parity = parity ^ ((phases >> stage) % 2)
+    return parity
+
+
+def phases_after_tile(phases, first_stage, blocks, stages: int):
+    """``phases`` after a tile of ``blocks`` K/V blocks whose first went to ``first_stage``:
+    a stage's bit flips when the tile loaded an odd number of blocks into it (with two
+    stages, the first block's stage takes the odd one out)."""
+    if stages == 1:
+        return phases ^ (blocks % 2)
+    return (phases ^ ((((blocks + 1) // 2) % 2) << first_stage)
+            ^ (((blocks // 2) % 2) << (1 - first_stage)))
 
 
 class FlashForwardSm80(ForwardKernel):
@@ -115,15 +141,8 @@ class FlashForwardSm80(ForwardKernel):
         store_atom = cute.make_copy_atom(
             cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=COPY_BITS
         )
-        elems_per_copy = COPY_BITS // self.dtype.width
-        # One swizzle atom's width per group of threads, 16 bytes each.
-        threads_per_row = atom_cols(D) // elems_per_copy
-        thr_layout = cute.make_layout(
-            (cfg.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
-        )
-        val_layout = cute.make_layout((1, elems_per_copy))
-        gmem_load = cute.make_tiled_copy_tv(load_atom, thr_layout, val_layout)
-        gmem_store = cute.make_tiled_copy_tv(store_atom, thr_layout, val_layout)
+        gmem_load = row_copy(load_atom, cfg.num_threads, D)
+        gmem_store = row_copy(store_atom, cfg.num_threads, D)
 
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
@@ -132,9 +151,8 @@ class FlashForwardSm80(ForwardKernel):
             permutation_mnk=(cfg.num_warps * 16, 16, 16),
         )
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
-        grid = (num_m_blocks, num_seqs, mQ.shape[2])
-        if cutlass.const_expr(cfg.persistent):
-            grid = (t.num_ctas, 1, 1)
+        grid = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], cfg.persistent,
+                             self.windowed).grid(t.num_ctas)
         self.kernel(
             mQ, mK, mV, mO, mLSE, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store,
@@ -187,36 +205,35 @@ class FlashForwardSm80(ForwardKernel):
         num_seqs: cutlass.Int32,
         kv_tma,
     ):
-        tiles = (mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window_left, window_right, softmax_scale,
-                 sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma, SharedStorage,
-                 num_m_blocks, kv_tma)
-        if cutlass.const_expr(self.cfg.persistent):
-            # Tiles in the order a plain grid would start them (row blocks of one head
-            # together, so they share K/V in L2), dealt round-robin to the resident CTAs.
-            first, _, _ = cute.arch.block_idx()
-            stride, _, _ = cute.arch.grid_dim()
-            num_tiles = num_m_blocks * num_seqs * mQ.shape[2]
-            for tile in cutlass.range(first, num_tiles, stride, unroll=1):
-                self._tile(tile % num_m_blocks, (tile // num_m_blocks) % num_seqs,
-                           tile // (num_m_blocks * num_seqs), *tiles)
-                # The next tile's Q lands where this tile's O was staged.
-                cute.arch.sync_threads()
-        else:
-            m_block, seq, head = cute.arch.block_idx()
-            self._tile(m_block, seq, head, *tiles)
+        # One allocation for all the CTA's tiles (a second would be placed after the first).
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        if cutlass.const_expr(self.cfg.tma_kv_loads and self.cfg.persistent):
+            # Once for all the CTA's tiles (a CTA of one tile does it in _tma_partitions: its
+            # binary stays the one measured spill-free).
+            self._init_kv_barriers(storage.kv_bars.data_ptr(), cute.arch.thread_idx()[0])
+        operands = (mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window_left, window_right,
+                    softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma,
+                    storage, kv_tma)
+        # A persistent CTA carries its TMA barriers' phases (one bit per stage) from tile to
+        # tile. Between tiles, the next tile's Q lands where this one's O was staged.
+        TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], self.cfg.persistent,
+                      self.windowed).for_each_tile(
+            lambda m_block, seq, head, phases: self._tile(m_block, seq, head, phases,
+                                                          *operands),
+            cute.arch.sync_threads, cutlass.Int32(0) if self.cfg.persistent else 0)
 
     @cute.jit
-    def _tile(self, m_block, seq, head, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+    def _tile(self, m_block, seq, head, phases, mQ: cute.Tensor, mK: cute.Tensor,
+              mV: cute.Tensor,
               mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
               window_left: cutlass.Int32, window_right: cutlass.Int32,
               softmax_scale: cutlass.Float32, sQ_layout, sKV_layout, gmem_load: cute.TiledCopy,
-              gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
-              SharedStorage: cutlass.Constexpr, num_m_blocks: cutlass.Int32, kv_tma):
-        """One output tile: ``block_m`` query rows of one sequence and head."""
+              gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma, storage, kv_tma):
+        """One output tile: ``block_m`` query rows of one sequence and head. ``phases``: the
+        TMA barriers' phase per stage before it (a persistent CTA's); returns them after it."""
         cfg = self.cfg
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
-        m_block = longest_first(m_block, num_m_blocks, self.windowed)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
 
         # ---- this CTA's sequence: its rows in the (possibly packed) tensors ---------------
@@ -238,8 +255,6 @@ class FlashForwardSm80(ForwardKernel):
                              (m_block, 0))
         cQ = cute.make_identity_tensor((cfg.block_m, D))
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)[None, None, 0]
         # K and V: (block_n, D, kv_stages); a block's stage is picked when it is loaded/used.
         sK = storage.sK.get_tensor(sKV_layout)
@@ -329,8 +344,8 @@ class FlashForwardSm80(ForwardKernel):
             cfg.block_n, self.windowed)
         bounds = phase_bounds(n_min, left_end, right_start, n_max, self.windowed,
                               cfg.reverse_kv)
-        operands = (row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma, thr_mma,
-                    acc_O, softmax, kv_loads, tSrQ, tSrK,
+        operands = (phases, row0, seqlen_q, seqlen_k, window_left, window_right, tiled_mma,
+                    thr_mma, acc_O, softmax, kv_loads, tSrQ, tSrK,
                     tOrVt, load_q, (s2r_K, k_src, k_dst), (s2r_V, v_src, v_dst), tScS_mn)
         if cutlass.const_expr(cfg.peel_first_kv_block):
             # Kernel 10: the first block runs on its own (masked body: any block may be it);
@@ -365,6 +380,7 @@ class FlashForwardSm80(ForwardKernel):
                       q_rows_left)
         self._store_o(sequence_rows(mO, batch, q_start, head), m_block, sQ, acc_O, tiled_mma,
                       gmem_store, tidx, q_rows_left)
+        return self._ring_phases(phases, first_block, n_max - n_min)
 
     # ----------------------------------------------------------------------------------------
     # Pieces of the kernel
@@ -373,8 +389,15 @@ class FlashForwardSm80(ForwardKernel):
         """The shared-memory stage of K/V block ``n_block`` (consecutive blocks alternate)."""
         return n_block % self.cfg.kv_stages if self.cfg.kv_stages > 1 else 0
 
+    def _ring_phases(self, phases, first_block, blocks):
+        """The TMA barriers' phases after this tile (a persistent CTA keeps them; a CTA of
+        one tile starts from 0)."""
+        if cutlass.const_expr(not (self.cfg.persistent and self.cfg.tma_kv_loads)):
+            return phases
+        return phases_after_tile(phases, self._stage(first_block), blocks, self.cfg.kv_stages)
+
     @cute.jit
-    def _kv_block(self, n_block, n_min, n_max, row0, seqlen_q, seqlen_k, window_left,
+    def _kv_block(self, n_block, n_min, n_max, phases, row0, seqlen_q, seqlen_k, window_left,
                   window_right, tiled_mma, thr_mma, acc_O, softmax, kv_loads, tSrQ, tSrK, tOrVt,
                   load_q, load_k, load_v, tScS_mn,
                   masked: cutlass.Constexpr, first: cutlass.Constexpr = False):
@@ -399,13 +422,13 @@ class FlashForwardSm80(ForwardKernel):
                 if following < n_max:
                     self._load_kv(kv_loads, (K, V), following, kv_rows_left - step * cfg.block_n)
             self._commit()
-            self._await_kv(kv_loads, (K, V), n_block, n_min, n_max)
+            self._await_kv(kv_loads, (K, V), n_block, n_min, n_max, phases)
         elif cutlass.const_expr(cfg.eager_kv_loads):
             # K_j is in flight since the previous block; everyone is done with V_{j-1}.
             self._wait_all_and_sync()
             self._load_kv(kv_loads, (V,), n_block, kv_rows_left)
             self._commit()
-            self._await_kv(kv_loads, (K,), n_block, n_min, n_max)
+            self._await_kv(kv_loads, (K,), n_block, n_min, n_max, phases)
         else:
             # No barrier before overwriting K: every thread passed the one after S_{j-1}.
             self._load_kv(kv_loads, (K,), n_block, kv_rows_left)
@@ -427,7 +450,7 @@ class FlashForwardSm80(ForwardKernel):
                 if following < n_max:
                     self._load_kv(kv_loads, (K,), following, kv_rows_left - step * cfg.block_n)
                     self._commit()
-            self._await_kv(kv_loads, (V,), n_block, n_min, n_max)
+            self._await_kv(kv_loads, (V,), n_block, n_min, n_max, phases)
 
         if cutlass.const_expr(masked):
             apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
@@ -454,16 +477,10 @@ class FlashForwardSm80(ForwardKernel):
     def _tma_partitions(self, kv_tma: tuple, bars: cute.Pointer, sK: cute.Tensor,
                         sV: cute.Tensor, head_kv, batch, tidx):
         """The TMA side of ``kv_loads``: per tensor (atom, global blocks, shared stages),
-        the transaction barriers (K stages, then V stages) and whether this thread issues.
-
-        The barriers are initialised here, before any load can signal them.
-        """
+        the transaction barriers (K stages, then V stages) and whether this thread issues."""
         cfg = self.cfg
-        if tidx == 0:
-            for b in cutlass.range_constexpr(2 * cfg.kv_stages):
-                cute.arch.mbarrier_init(bars + b, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if cutlass.const_expr(not cfg.persistent):
+            self._init_kv_barriers(bars, tidx)
         parts = []
         for tma, smem in zip(kv_tma, (sK, sV), strict=True):
             to_smem, from_gmem = tile_partition(tma, smem, (cfg.block_n, self.head_dim),
@@ -472,6 +489,16 @@ class FlashForwardSm80(ForwardKernel):
         # A whole warp takes the branch (one elected lane arms the barrier, the copy elects
         # its own): a per-thread branch around TMA makes ptxas add divergent fallbacks.
         return tuple(parts), bars, cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
+
+    @cute.jit
+    def _init_kv_barriers(self, bars: cute.Pointer, tidx):
+        """The TMA loads' transaction barriers (K stages, then V stages), once per CTA,
+        before any load can signal them."""
+        if tidx == 0:
+            for b in cutlass.range_constexpr(2 * self.cfg.kv_stages):
+                cute.arch.mbarrier_init(bars + b, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
 
     @cute.jit
     def _load_kv(self, kv_loads, which: tuple, n_block, rows_left):
@@ -498,18 +525,20 @@ class FlashForwardSm80(ForwardKernel):
                                 smem[None, None, None, stage], coord, rows_left, cfg.block_n)
 
     @cute.jit
-    def _await_kv(self, kv_loads, which: tuple, n_block, n_min, n_max):
+    def _await_kv(self, kv_loads, which: tuple, n_block, n_min, n_max, phases):
         """Wait until block ``n_block`` of each tensor in ``which`` has landed (TMA: on its
         stage's barrier; ``cp.async`` waits in ``_wait_all_and_sync``)."""
         cfg = self.cfg
         if cutlass.const_expr(cfg.tma_kv_loads):
             _, bars, _ = kv_loads
-            # Blocks are consumed in load order: the i-th block a CTA takes is its stage's
-            # (i // kv_stages)-th completion, so the barrier's phase parity is that, mod 2.
+            # Blocks are consumed in load order: the i-th block of the tile is its stage's
+            # (i // kv_stages)-th completion in the tile, after those of earlier tiles.
             i = n_max - 1 - n_block if cfg.reverse_kv else n_block - n_min
+            stage = self._stage(n_block)
+            parity = tma_wait_parity(i, stage, cfg.kv_stages,
+                                     phases if cfg.persistent else None)
             for t in which:
-                cute.arch.mbarrier_wait(bars + t * cfg.kv_stages + self._stage(n_block),
-                                        (i // cfg.kv_stages) % 2)
+                cute.arch.mbarrier_wait(bars + t * cfg.kv_stages + stage, parity)
 
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
@@ -567,14 +596,6 @@ class FlashForwardSm80(ForwardKernel):
         sO = sQ
         stage_o(acc_O, sO, tiled_mma, tidx, self.dtype)
 
-        gO = cute.local_tile(mO_rows, (cfg.block_m, self.head_dim), (m_block, 0))
-        thr_store = gmem_store.get_slice(tidx)
-        tOsO = thr_store.partition_S(sO)
-        tOgO = thr_store.partition_D(gO)
-        tOcO = thr_store.partition_D(cute.make_identity_tensor((cfg.block_m, self.head_dim)))
-        tOrO = cute.make_fragment_like(tOgO, self.dtype)
         cute.arch.sync_threads()
-        cute.copy(gmem_store, tOsO, tOrO)
-        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-            if tOcO[0, m, 0][0] < rows_left:
-                cute.copy(gmem_store, tOrO[None, m, None], tOgO[None, m, None])
+        store_rows(gmem_store, sO, cute.local_tile(mO_rows, (cfg.block_m, self.head_dim),
+                                                   (m_block, 0)), tidx, rows_left)

@@ -17,15 +17,21 @@ straight from the S registers, O normalised once); what changes is who does the 
   64 query rows each and run the softmax and the MMAs.
 * **Epilogue by TMA.** O is staged in Q's shared memory (each warpgroup reads only its own
   64 rows of Q) and written by one TMA store, which also clips the rows past Sq.
+* **Packed (varlen) sequences.** The TMA boxes of a sequence start at its first row
+  (``cu_seqlens``) in the packed tensors, so a tail box reads the next sequence's rows: its
+  keys are masked as the Sk tail, its query rows are computed and dropped. O leaves by 16-byte
+  copies of the sequence's rows only (a TMA store would write the next sequence's).
 * **Schedule knobs** (FlashAttention-3's two overlaps). ``intra_wg_overlap``: a warpgroup
   issues block j's S = Q K^T together with block j-1's O += P V and runs block j's softmax
   while both are on the tensor cores (``_overlapped_blocks``). ``pingpong``: the two consumer
-  warpgroups take turns at the tensor cores through two named barriers, so one's softmax runs
-  under the other's MMAs (``_turn_begin`` / ``_turn_end``).
+  warpgroups take turns at the tensor cores (round robin, one named barrier each), so one's
+  softmax runs under the others' MMAs (``_turn_begin`` / ``_turn_end``).
+* **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
+  three share the registers three ways (160 each), enough at small head dims, where a taller
+  tile loads K and V once for more rows.
 
 Masking (Sk tail, causal and sliding windows) and the mask phases of the main loop are those
-of the ``mma.sync`` kernel (``kernels/common/mask.py``). Not served: packed (varlen)
-sequences, whose tiles a TMA box would read across.
+of the ``mma.sync`` kernel (``kernels/common/mask.py``).
 """
 
 import cuda.bindings.driver as cuda
@@ -45,16 +51,24 @@ from attnlab.kernels.common.base import (
     shared_storage,
     shared_tile,
 )
-from attnlab.kernels.common.epilogue import stage_o, store_lse
-from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a, acc_mn_view
+from attnlab.kernels.common.epilogue import stage_o, store_lse, store_rows
+from attnlab.kernels.common.layouts import (
+    COPY_BITS,
+    acc_as_wgmma_operand_a,
+    acc_mn_view,
+    row_copy,
+)
 from attnlab.kernels.common.softmax import OnlineSoftmax
+from attnlab.kernels.common.tensors import sequence_rows
+from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
 
-#: Registers per thread after ``setmaxnreg``: the producer warpgroup gives its registers to the
-#: consumers (3 warpgroups x 128 threads share the SM's 64K).
-PRODUCER_REGS = 24
-CONSUMER_REGS = 240
-#: Threads that meet at a ping-pong turn barrier: both consumer warpgroups.
+#: Registers per thread after ``setmaxnreg``, by consumer warpgroups: the producer warpgroup
+#: gives its registers to the consumers (all warpgroups x 128 threads share the SM's 64K).
+PRODUCER_REGS = {1: 24, 2: 24, 3: 32}
+CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
+#: Threads that meet at a ping-pong turn barrier: the warpgroup whose turn it is and the one
+#: that hands it over.
 TURN_THREADS = 256
 
 
@@ -66,18 +80,13 @@ class FlashForwardSm90(ForwardKernel):
         if not spec.config.wgmma:
             raise ConfigError("FlashForwardSm90 runs wgmma configs (FlashConfig.wgmma)")
         super().__init__(spec)
-        if spec.varlen:
-            raise ConfigError(
-                "wgmma does not serve packed (varlen) sequences: a TMA tile past the end of one "
-                "sequence would read the next; use an mma.sync config")
         self.num_consumers = self.cfg.num_warps // 4
 
     # ----------------------------------------------------------------------------------------
     # Host side
     # ----------------------------------------------------------------------------------------
     def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
-        """Build the TMA descriptors and launch (dense only: no ``cu_seqlens``, no
-        ``num_ctas``)."""
+        """Build the TMA descriptors and launch (no ``num_ctas``: one CTA per output tile)."""
         mQ, mK, mV, mO = t.q, t.k, t.v, t.out
         cfg, D = self.cfg, self.head_dim
         tile_qk = (cfg.block_m, cfg.block_n, D)
@@ -108,18 +117,24 @@ class FlashForwardSm90(ForwardKernel):
                                                   self._stage(sK_layout), (cfg.block_n, D)))
         tma_v = tuple(cpasync.make_tiled_tma_atom(load, v_view, self._stage(sV_layout),
                                                   (D, cfg.block_n)))
-        tma_o = tuple(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(),
-                                                  rows_first(mO), self._stage(sQ_layout),
-                                                  (cfg.block_m, D)))
+        if cutlass.const_expr(self.varlen):
+            o_store = (mO, row_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
+                                                         self.dtype, num_bits_per_copy=COPY_BITS),
+                                    cfg.num_warps * 32, D))
+        else:
+            o_store = tuple(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(),
+                                                        rows_first(mO), self._stage(sQ_layout),
+                                                        (cfg.block_m, D)))
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
+        scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], False, self.windowed)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, t.lse, t.window_left, t.window_right, t.softmax_scale,
-            mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout, SharedStorage, num_m_blocks,
-            mQ.shape[2] // mK.shape[2],
-        ).launch(grid=(num_m_blocks, num_seqs, mQ.shape[2]), block=[cfg.num_threads, 1, 1],
-                 stream=stream, min_blocks_per_mp=1)
+            tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
+            t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
+            SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2],
+        ).launch(grid=scheduler.grid(), block=[cfg.num_threads, 1, 1], stream=stream,
+                 min_blocks_per_mp=1)
 
     @staticmethod
     def _stage(staged_layout):
@@ -140,16 +155,18 @@ class FlashForwardSm90(ForwardKernel):
     # Device side
     # ----------------------------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, tma_o: tuple, mLSE: cute.Tensor,
+    def kernel(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, o_store: tuple,
+               mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
                window_left: cutlass.Int32, window_right: cutlass.Int32,
                softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
                sQ_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
-               num_m_blocks: cutlass.Int32, heads_per_kv: cutlass.Int32):
+               num_m_blocks: cutlass.Int32, num_seqs: cutlass.Int32,
+               heads_per_kv: cutlass.Int32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_block, batch, head = cute.arch.block_idx()
-        m_block = mask.longest_first(m_block, num_m_blocks, self.windowed)
+        m_block, seq, head = TileScheduler(num_m_blocks, num_seqs, None, False,
+                                           self.windowed).tile()
         head_kv = head // heads_per_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -166,7 +183,12 @@ class FlashForwardSm90(ForwardKernel):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        # This CTA's sequence: a batch element, or rows of the packed tensors from ``origins``.
+        batch, origins = seq, None
         seqlen_q, seqlen_k = tma_q[1].shape[0], tma_k[1].shape[0]
+        if cutlass.const_expr(self.varlen):
+            batch, origins = 0, (mCuQ[seq], mCuK[seq])
+            seqlen_q, seqlen_k = mCuQ[seq + 1] - origins[0], mCuK[seq + 1] - origins[1]
         row0 = m_block * cfg.block_m
         n_min, n_max = mask.kv_block_range(row0, seqlen_q, seqlen_k, window_left,
                                            window_right, cfg.block_m, cfg.block_n,
@@ -175,16 +197,22 @@ class FlashForwardSm90(ForwardKernel):
             row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
             cfg.block_n, self.windowed)
 
+        # Past the end of a short packed sequence (the grid is sized for the longest):
+        # nothing to load, compute or store. A dense grid has no such tile.
+        has_rows = row0 < seqlen_q if self.varlen else True
         if warp_idx // 4 == 0:
-            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
-                self._produce(tma_q, tma_k, tma_v, sQ, sK, sV, q_bar, pipes, m_block, head,
-                              head_kv, batch, n_min, n_max)
+                if has_rows:
+                    self._produce(tma_q, tma_k, tma_v, sQ, sK, sV, q_bar, pipes, m_block, head,
+                                  head_kv, batch, n_min, n_max, origins)
         else:
-            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-            self._consume(tidx - 128, mma_qk, mma_pv, sQ, sK, sV, q_bar, pipes, tma_o, mLSE,
-                          softmax_scale, window_left, window_right, seqlen_q, seqlen_k, row0,
-                          m_block, batch, head, n_min, n_max, left_end, right_start)
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
+            if has_rows:
+                self._consume(tidx - 128, mma_qk, mma_pv, sQ, sK, sV, q_bar, pipes, o_store,
+                              mLSE, softmax_scale, window_left, window_right, seqlen_q,
+                              seqlen_k, row0, m_block, batch, head, n_min, n_max, left_end,
+                              right_start, origins)
 
     def _kv_pipeline(self, barriers: cute.Pointer, staged_layout):
         """The full/empty barriers of a K or V ring: one producer thread arms a stage for its
@@ -200,15 +228,19 @@ class FlashForwardSm90(ForwardKernel):
     @cute.jit
     def _produce(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, sQ: cute.Tensor,
                  sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list, m_block,
-                 head, head_kv, batch, n_min, n_max):
+                 head, head_kv, batch, n_min, n_max, origins):
         """The producer warp: Q, then K_j and V_j for every block, each into the next free
         stage of its ring (blocks in the order the consumers take them)."""
         cfg, D = self.cfg, self.head_dim
-        q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head, batch)
+        q_origin = k_origin = v_origin = None
+        if cutlass.const_expr(self.varlen):
+            q_origin, k_origin, v_origin = (origins[0], 0), (origins[1], 0), (0, origins[1])
+        q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head, batch,
+                                        q_origin)
         k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0), head_kv,
-                                        batch)
+                                        batch, k_origin)
         v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None), head_kv,
-                                        batch)
+                                        batch, v_origin)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(
                 q_bar, cute.size_in_bytes(self.dtype, self._stage(sQ.layout)))
@@ -226,9 +258,9 @@ class FlashForwardSm90(ForwardKernel):
     @cute.jit
     def _consume(self, ctidx, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor,
                  sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list,
-                 tma_o: tuple, mLSE: cute.Tensor, softmax_scale: cutlass.Float32,
+                 o_store: tuple, mLSE: cute.Tensor, softmax_scale: cutlass.Float32,
                  window_left, window_right, seqlen_q, seqlen_k, row0, m_block, batch, head,
-                 n_min, n_max, left_end, right_start):
+                 n_min, n_max, left_end, right_start, origins):
         """A consumer warpgroup: its 64 rows of S = Q K^T, softmax and O += P V per block,
         then its share of the epilogue."""
         cfg, D = self.cfg, self.head_dim
@@ -243,11 +275,11 @@ class FlashForwardSm90(ForwardKernel):
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(
             cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
-            guard_empty_rows=self.windowed)
+            guard_empty_rows=self.windowed or self.varlen)
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
-        # This consumer warpgroup's index (0 or 1), uniform over its warps.
+        # This consumer warpgroup's index (0 to num_consumers - 1), uniform over its warps.
         wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         if cutlass.const_expr(cfg.pingpong):
             if wg == 0:
@@ -273,10 +305,14 @@ class FlashForwardSm90(ForwardKernel):
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
+        first_row = row0
+        if cutlass.const_expr(self.varlen):
+            first_row = origins[0] + row0
         if cutlass.const_expr(mLSE is not None):
-            store_lse(mLSE, batch, head, row0, thr_pv, (cfg.block_m, D), lse_rows,
+            store_lse(mLSE, batch, head, first_row, thr_pv, (cfg.block_m, D), lse_rows,
                       seqlen_q - row0)
-        self._store_o(tma_o, sQ, acc_O, mma_pv, ctidx, m_block, head, batch)
+        self._store_o(o_store, sQ, acc_O, mma_pv, ctidx, m_block, head, batch, origins,
+                      seqlen_q - row0)
 
     @cute.jit
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
@@ -394,9 +430,14 @@ class FlashForwardSm90(ForwardKernel):
             NamedBarrier.SCHEDULER.sync(TURN_THREADS, wg)
 
     def _turn_end(self, wg):
-        """``pingpong``: give the turn to the other warpgroup."""
+        """``pingpong``: give the turn to the next warpgroup (round robin)."""
         if cutlass.const_expr(self.cfg.pingpong):
-            NamedBarrier.SCHEDULER.arrive(TURN_THREADS, 1 - wg)
+            following = wg + 1
+            if cutlass.const_expr(self.num_consumers == 2):
+                following = 1 - wg
+            else:
+                following = following % self.num_consumers
+            NamedBarrier.SCHEDULER.arrive(TURN_THREADS, following)
 
     def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
               tCrB: cute.Tensor, zero_init: bool, wait: bool = True):
@@ -415,15 +456,29 @@ class FlashForwardSm90(ForwardKernel):
             warpgroup.wait_group(0)
 
     @cute.jit
-    def _store_o(self, tma_o: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
-                 mma_pv: cute.TiledMma, ctidx, m_block, head, batch):
-        """O: registers -> Q's shared memory -> one TMA store (rows past Sq are clipped).
+    def _store_o(self, o_store: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
+                 mma_pv: cute.TiledMma, ctidx, m_block, head, batch, origins, rows_left):
+        """O: registers -> Q's shared memory -> one TMA store (rows past Sq are clipped), or
+        for packed sequences 16-byte copies of the sequence's rows (``o_store``: the TMA
+        atom and coordinates, or O and the tiled copy).
 
         A warpgroup overwrites only its own rows of Q, which no other warpgroup reads, and
         only after its last QK^T MMA has completed.
         """
         cfg, D = self.cfg, self.head_dim
         stage_o(acc_O, sQ[None, None, 0], mma_pv, ctidx, self.dtype)
+        if cutlass.const_expr(self.varlen):
+            NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
+            mO, gmem_store = o_store
+            gO = cute.local_tile(sequence_rows(mO, batch, origins[0], head), (cfg.block_m, D),
+                                 (m_block, 0))
+            store_rows(gmem_store, sQ[None, None, 0], gO, ctidx, rows_left)
+        else:
+            self._store_o_by_tma(o_store, sQ, ctidx, m_block, head, batch)
+
+    @cute.jit
+    def _store_o_by_tma(self, tma_o: tuple, sQ: cute.Tensor, ctidx, m_block, head, batch):
+        cfg, D = self.cfg, self.head_dim
         # Generic-proxy writes, read next by the TMA unit (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)

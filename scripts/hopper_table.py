@@ -1,0 +1,126 @@
+"""The Hopper forward table of issue 19, in one run: attnlab's default against FA4, cuDNN and
+FA2 (SDPA flash), bf16 and fp16, end to end and device only.
+
+Usage (GPU): python scripts/hopper_table.py [--out DIR] [--runs N] [--quick]
+Points: hd 64 / 128 / 256 over seq 1k-16k (16k tokens, hidden 2048), causal and not; hd 32 /
+96 / 192 at seq 4k (batch 4, 16 heads); GQA 32/8 at hd128 seq 4k; one ragged varlen batch
+(hd128, 16 heads, 32k tokens in 16 sequences; FA4 is its only peer: SDPA takes no packed
+sequences). Prints one line per point (attnlab, the better of FA4 and cuDNN, the ratio) and
+writes every number to OUT/hopper_table.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from attnlab.api import attention_varlen
+from attnlab.bench.baselines import available_peers
+from attnlab.bench.runner import Point, Result, attnlab_impl, measure_point, tokens_grid
+from attnlab.bench.timing import attention_flops
+
+PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
+#: The ragged batch: 16 sequences, 32768 tokens, from 256 to 4096 each.
+VARLEN_SEQLENS = [4096, 256, 3072, 1024, 2048, 512, 4096, 1536, 2560, 768, 3584, 1280, 2304,
+                  1792, 3328, 512]
+
+
+def grid(dtypes: list[str], quick: bool) -> list[Point]:
+    seqlens = [4096, 16384] if quick else [1024, 2048, 4096, 8192, 16384]
+    points = tokens_grid(16384, 2048, seqlens, [64, 128, 256], dtypes, (False, True))
+    points += [Point(4, 4096, 4096, 16, hd, dtype, causal)
+               for dtype in dtypes for causal in (False, True) for hd in (32, 96, 192)]
+    points += tokens_grid(16384, 4096, [4096], [128], dtypes, (False, True), gqa_group=4)
+    return points
+
+
+def varlen_rows(dtype: str, causal: bool, runs: int) -> dict:
+    """attnlab and FA4 on the ragged batch; TFLOP/s from the sum of the sequences' FLOPs."""
+    heads, head_dim = 16, 128
+    lengths = torch.tensor([0, *VARLEN_SEQLENS])
+    cu = lengths.cumsum(0).to(torch.int32).cuda()
+    total, longest = int(cu[-1]), max(VARLEN_SEQLENS)
+    flops = sum(attention_flops(1, heads, s, s, head_dim, causal) for s in VARLEN_SEQLENS)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    dt = getattr(torch, dtype)
+    sets = [tuple(torch.randn(total, heads, head_dim, device="cuda", dtype=dt, generator=gen)
+                  for _ in range(3)) for _ in range(4)]
+
+    def ours(q, k, v, scale, causal):
+        return attention_varlen(q, k, v, cu, cu, longest, longest, softmax_scale=scale,
+                                causal=causal)
+
+    impls = {"attnlab": ours}
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+
+        def fa4(q, k, v, scale, causal):
+            return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                          max_seqlen_q=longest, max_seqlen_k=longest,
+                                          softmax_scale=scale, causal=causal)[0]
+        impls["fa4"] = fa4
+    except ImportError:
+        pass
+    # A stand-in point for the timing: only its dtype, head dim and mask are read.
+    point = Point(1, total, total, heads, head_dim, dtype, causal)
+    results = measure_point(point, impls, runs=runs, sets=sets)
+    row = {"point": f"{dtype} varlen hd128 H=16 {len(VARLEN_SEQLENS)} seqs {total} tokens"
+                    f"{' causal' if causal else ''}"}
+    for r in results:
+        row[r.impl] = ([flops / r.timing.median_ms / 1e9, flops / r.device_timing.median_ms / 1e9,
+                        None] if r.timing else [None, None, r.error])
+    return row
+
+
+def dense_row(results: list[Result]) -> dict:
+    row = {"point": results[0].point.label()}
+    for r in results:
+        row[r.impl] = [r.tflops, r.device_tflops, r.error]
+    return row
+
+
+def line(row: dict) -> str:
+    def cell(name: str) -> str:
+        value = row.get(name)
+        if not value or value[0] is None:
+            return f"{name} -"
+        return f"{name} {value[0]:.0f}({value[1]:.0f})"
+
+    best = max((row[p][0] for p in ("fa4", "sdpa_cudnn") if row.get(p) and row[p][0]),
+               default=None)
+    ours = row.get("attnlab", [None])[0]
+    ratio = f"{ours / best:.3f}" if ours and best else "-"
+    return f"{row['point']}: {'  '.join(cell(n) for n in ('attnlab', *PEERS))}  x{ratio}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="seq 4k and 16k only, bf16")
+    args = parser.parse_args()
+    dtypes = ["bfloat16"] if args.quick else ["bfloat16", "float16"]
+    peers = {name: fn for name, fn in available_peers().items() if name in PEERS}
+    impls = {"attnlab": attnlab_impl(), **peers}
+    rows = []
+    for point in grid(dtypes, args.quick):
+        rows.append(dense_row(measure_point(point, impls, runs=args.runs)))
+        print(line(rows[-1]), flush=True)
+    for dtype in dtypes:
+        for causal in (False, True):
+            rows.append(varlen_rows(dtype, causal, args.runs))
+            print(line(rows[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hopper_table.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    ratios = [float(line(r).rsplit("x", 1)[1]) for r in rows if not line(r).endswith("x-")]
+    print(f"geomean attnlab / best of FA4 and cuDNN: "
+          f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} points")
+
+
+if __name__ == "__main__":
+    main()
