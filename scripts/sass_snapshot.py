@@ -7,7 +7,9 @@ Usage:
 
 Each kernel is cross-compiled (no GPU), disassembled, and reduced to its instruction stream
 (opcodes and operands, without addresses, the kernel's name or the constant-bank offsets of its
-parameters): equal digests mean the same machine code doing the same work.
+parameters): equal digests mean the same machine code doing the same work. Kernels are
+matched by their spec (config, arch, dtype, head dim, variant), so a default that a policy
+change moved to another config is reported as such, not as a changed binary.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from attnlab.kernels.abi import ForwardSpec
 
 
 def specs() -> dict[str, ForwardSpec]:
-    """Every ladder step and lab variant at hd128 (plain, and windowed), per arch, and the
-    defaults of both architecture families (every head dim, dtype and mask; packed too)."""
+    """Every ladder step and lab variant at hd128 (plain, and windowed), per arch, the
+    defaults of both architecture families (every head dim, dtype and mask; packed too), and
+    on sm_90a the ``mma.sync`` kernel's defaults as well."""
     found: dict[str, ForwardSpec] = {}
     for arch in ("sm_80", "sm_90a"):
         for name, config in ladder.named_for(arch, 128).items():
@@ -41,10 +44,22 @@ def specs() -> dict[str, ForwardSpec]:
                 for windowed in (False, True):
                     for varlen in (False, True):
                         config = policy.default_for(arch, head_dim, windowed, dtype, varlen)
-                        found[f"default {arch} {dtype} hd{head_dim}"
-                              f"{' win' if windowed else ''}{' varlen' if varlen else ''}"] = (
-                            ForwardSpec(config, arch, dtype, head_dim, windowed, varlen))
+                        variant = (f"{arch} {dtype} hd{head_dim}{' win' if windowed else ''}"
+                                   f"{' varlen' if varlen else ''}")
+                        found[f"default {variant}"] = ForwardSpec(config, arch, dtype,
+                                                                  head_dim, windowed, varlen)
+                        if arch == "sm_90a":
+                            found[f"mma.sync default {variant}"] = ForwardSpec(
+                                policy.mma_sync_default_for(arch, head_dim, windowed, dtype,
+                                                            varlen),
+                                arch, dtype, head_dim, windowed, varlen)
     return found
+
+
+def spec_key(spec: ForwardSpec) -> str:
+    """What identifies a kernel across commits: its config's fields and the variant."""
+    return json.dumps([spec.config.to_dict(), spec.arch, spec.dtype, spec.head_dim,
+                       spec.windowed, spec.varlen], sort_keys=True)
 
 
 _CONSTANT = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
@@ -57,26 +72,40 @@ def digest(spec: ForwardSpec, folder: Path) -> dict[str, object]:
         f"{i.predicate} {i.opcode} {_CONSTANT.sub('c[param]', ' '.join(i.operand_list))}"
         for i in instructions)
     return {"sha": hashlib.sha256(stream.encode()).hexdigest()[:16],
-            "instructions": len(instructions)}
+            "instructions": len(instructions), "spec": spec_key(spec)}
 
 
 def snapshot(path: Path) -> None:
     result = {}
+    digests: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for label, spec in specs().items():
-            result[label] = digest(spec, Path(folder))
+            key = spec_key(spec)
+            if key not in digests:  # a default that is also a named config: compile once
+                digests[key] = digest(spec, Path(folder))
+            result[label] = digests[key]
             print(f"{label}: {result[label]}", flush=True)
     path.write_text(json.dumps(result, indent=1, sort_keys=True))
 
 
 def compare(before: Path, after: Path) -> int:
+    """Kernels of equal spec with another instruction stream (the refactor's differences to
+    explain), then the labels whose spec changed or exists on one side only."""
     old, new = json.loads(before.read_text()), json.loads(after.read_text())
-    changed = [label for label in old if label in new and old[label] != new[label]]
-    for label in changed:
-        print(f"CHANGED {label}: {old[label]} -> {new[label]}")
+    by_spec = {entry["spec"]: (label, entry) for label, entry in new.items()}
+    matched = [(label, entry, by_spec[entry["spec"]]) for label, entry in old.items()
+               if entry["spec"] in by_spec]
+    changed = [(label, entry, twin) for label, entry, twin in matched
+               if entry["sha"] != twin[1]["sha"]]
+    for label, entry, (_, twin) in changed:
+        print(f"CHANGED {label}: {entry['instructions']} -> {twin['instructions']} instructions")
+    moved = [label for label in old if label in new and old[label]["spec"] != new[label]["spec"]]
+    for label in moved:
+        print(f"another config now: {label}")
     for label in sorted(set(old) ^ set(new)):
         print(f"only in {'before' if label in old else 'after'}: {label}")
-    print(f"{len(set(old) & set(new)) - len(changed)} identical, {len(changed)} changed")
+    print(f"{len(matched) - len(changed)} identical, {len(changed)} changed, {len(moved)} "
+          f"labels on another config")
     return 1 if changed else 0
 
 

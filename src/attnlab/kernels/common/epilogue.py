@@ -39,15 +39,17 @@ def stage_o(acc_O: cute.Tensor, sO: cute.Tensor, tiled_mma: cute.TiledMma, tidx,
 
 @cute.jit
 def store_rows(gmem_store: cute.TiledCopy, sO: cute.Tensor, gO: cute.Tensor, tidx,
-               rows_left: cutlass.Int32):
+               rows_left: cutlass.Int32, barrier):
     """The staged O tile ``sO`` to its global tile ``gO``, rows at or past ``rows_left`` left
-    alone; every thread of ``gmem_store`` takes part. The caller has made the staged tile
-    visible to all of them (a barrier)."""
+    alone; every thread of ``gmem_store`` takes part. ``barrier()`` makes the staged tile
+    visible to all of them: it runs once the copy's addresses are computed, right before the
+    first read of ``sO``."""
     thr_store = gmem_store.get_slice(tidx)
     tOsO = thr_store.partition_S(sO)
     tOgO = thr_store.partition_D(gO)
     tOcO = thr_store.partition_D(cute.make_identity_tensor(gO.shape))
     tOrO = cute.make_fragment_like(tOgO, sO.element_type)
+    barrier()
     cute.copy(gmem_store, tOsO, tOrO)
     for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
         if tOcO[0, m, 0][0] < rows_left:

@@ -51,10 +51,7 @@ class TileScheduler:
             stride, _, _ = cute.arch.grid_dim()
             num_tiles = self.num_m_blocks * self.num_seqs * self.num_heads
             for tile in cutlass.range(first, num_tiles, stride, unroll=1):
-                carried = body(*self._coords(tile % self.num_m_blocks,
-                                             (tile // self.num_m_blocks) % self.num_seqs,
-                                             tile // (self.num_m_blocks * self.num_seqs)),
-                               carried)
+                carried = body(*self.coords(tile), carried)
                 between()
         else:
             carried = body(*self.tile(), carried)
@@ -64,6 +61,13 @@ class TileScheduler:
         """This CTA's one tile (a grid of one CTA per tile)."""
         assert not self.persistent, "a persistent CTA takes its tiles from for_each_tile"
         return self._coords(*cute.arch.block_idx())
+
+    def coords(self, tile) -> tuple:
+        """``(m_block, seq, head)`` of the ``tile``-th tile in launch order (row blocks of a
+        head together); plain arithmetic, for DSL values or Python ints."""
+        return self._coords(tile % self.num_m_blocks,
+                            (tile // self.num_m_blocks) % self.num_seqs,
+                            tile // (self.num_m_blocks * self.num_seqs))
 
     def _coords(self, m_block, seq, head) -> tuple:
         return longest_first(m_block, self.num_m_blocks, self.windowed), seq, head

@@ -205,15 +205,17 @@ class FlashForwardSm80(ForwardKernel):
         num_seqs: cutlass.Int32,
         kv_tma,
     ):
-        # One allocation for all the CTA's tiles (a second would be placed after the first).
-        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        if cutlass.const_expr(self.cfg.tma_kv_loads and self.cfg.persistent):
-            # Once for all the CTA's tiles (a CTA of one tile does it in _tma_partitions: its
-            # binary stays the one measured spill-free).
-            self._init_kv_barriers(storage.kv_bars.data_ptr(), cute.arch.thread_idx()[0])
+        storage = None
+        if cutlass.const_expr(self.cfg.persistent):
+            # One allocation for all the CTA's tiles (a second would be placed after the
+            # first), and the TMA barriers initialised once. A CTA of one tile does both in
+            # _tile, so its binary stays the one measured before.
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+            if cutlass.const_expr(self.cfg.tma_kv_loads):
+                self._init_kv_barriers(storage.kv_bars.data_ptr(), cute.arch.thread_idx()[0])
         operands = (mQ, mK, mV, mO, mLSE, mCuQ, mCuK, window_left, window_right,
                     softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store, tiled_mma,
-                    storage, kv_tma)
+                    SharedStorage, storage, kv_tma)
         # A persistent CTA carries its TMA barriers' phases (one bit per stage) from tile to
         # tile. Between tiles, the next tile's Q lands where this one's O was staged.
         TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], self.cfg.persistent,
@@ -228,7 +230,8 @@ class FlashForwardSm80(ForwardKernel):
               mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
               window_left: cutlass.Int32, window_right: cutlass.Int32,
               softmax_scale: cutlass.Float32, sQ_layout, sKV_layout, gmem_load: cute.TiledCopy,
-              gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma, storage, kv_tma):
+              gmem_store: cute.TiledCopy, tiled_mma: cute.TiledMma,
+              SharedStorage: cutlass.Constexpr, storage, kv_tma):
         """One output tile: ``block_m`` query rows of one sequence and head. ``phases``: the
         TMA barriers' phase per stage before it (a persistent CTA's); returns them after it."""
         cfg = self.cfg
@@ -255,6 +258,8 @@ class FlashForwardSm80(ForwardKernel):
                              (m_block, 0))
         cQ = cute.make_identity_tensor((cfg.block_m, D))
 
+        if cutlass.const_expr(storage is None):
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)[None, None, 0]
         # K and V: (block_n, D, kv_stages); a block's stage is picked when it is loaded/used.
         sK = storage.sK.get_tensor(sKV_layout)
@@ -535,10 +540,10 @@ class FlashForwardSm80(ForwardKernel):
             # (i // kv_stages)-th completion in the tile, after those of earlier tiles.
             i = n_max - 1 - n_block if cfg.reverse_kv else n_block - n_min
             stage = self._stage(n_block)
-            parity = tma_wait_parity(i, stage, cfg.kv_stages,
-                                     phases if cfg.persistent else None)
             for t in which:
-                cute.arch.mbarrier_wait(bars + t * cfg.kv_stages + stage, parity)
+                cute.arch.mbarrier_wait(
+                    bars + t * cfg.kv_stages + stage,
+                    tma_wait_parity(i, stage, cfg.kv_stages, phases if cfg.persistent else None))
 
     @cute.jit
     def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
@@ -596,6 +601,6 @@ class FlashForwardSm80(ForwardKernel):
         sO = sQ
         stage_o(acc_O, sO, tiled_mma, tidx, self.dtype)
 
-        cute.arch.sync_threads()
         store_rows(gmem_store, sO, cute.local_tile(mO_rows, (cfg.block_m, self.head_dim),
-                                                   (m_block, 0)), tidx, rows_left)
+                                                   (m_block, 0)), tidx, rows_left,
+                   cute.arch.sync_threads)

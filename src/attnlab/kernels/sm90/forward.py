@@ -468,11 +468,11 @@ class FlashForwardSm90(ForwardKernel):
         cfg, D = self.cfg, self.head_dim
         stage_o(acc_O, sQ[None, None, 0], mma_pv, ctidx, self.dtype)
         if cutlass.const_expr(self.varlen):
-            NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
             mO, gmem_store = o_store
             gO = cute.local_tile(sequence_rows(mO, batch, origins[0], head), (cfg.block_m, D),
                                  (m_block, 0))
-            store_rows(gmem_store, sQ[None, None, 0], gO, ctidx, rows_left)
+            store_rows(gmem_store, sQ[None, None, 0], gO, ctidx, rows_left,
+                       lambda: NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32))
         else:
             self._store_o_by_tma(o_store, sQ, ctidx, m_block, head, batch)
 
