@@ -25,8 +25,9 @@ from attnlab.ladder import HOPPER_STEPS
 SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 #: Three consumer warpgroups: 192 query rows per CTA.
 M192 = {"block_m": 192, "num_warps": 12}
-#: Candidate tiles per head dim (B_r = 64 per consumer warpgroup, B_c, ring stages): each
-#: spill-free and within shared memory (B_c x stages bounded by 227 KB at hd192/256).
+#: Candidate tiles per head dim (B_r = 64 per consumer warpgroup, B_c, ring stages), with
+#: ``fence_p`` where B_c is not a power of two: each spill-free and within shared memory
+#: (B_c x stages bounded by 227 KB at hd192/256).
 TILES: dict[int, dict[str, dict[str, object]]] = {
     32: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
          "m192bn128x2": {**M192, "block_n": 128, "kv_stages": 2},
@@ -37,16 +38,17 @@ TILES: dict[int, dict[str, dict[str, object]]] = {
          "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3},
          "m192bn128x3_nopp": {**M192, "block_n": 128, "kv_stages": 3, "pingpong": False}},
     96: {"bn128x2": {"block_n": 128, "kv_stages": 2},
-         "bn128x3": {"block_n": 128, "kv_stages": 3}},
+         "bn160x2_fence": {"block_n": 160, "kv_stages": 2, "fence_p": True}},
     128: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
           "m192bn64x3": {**M192, "block_n": 64, "kv_stages": 3},
           "m192bn64x4": {**M192, "block_n": 64, "kv_stages": 4}},
-    192: {"bn64x2": {"block_n": 64, "kv_stages": 2},
-          "bn96x2": {"block_n": 96, "kv_stages": 2},
-          "bn112x2": {"block_n": 112, "kv_stages": 2}},
+    192: {"bn96x2": {"block_n": 96, "kv_stages": 2},
+          "bn96x2_fence": {"block_n": 96, "kv_stages": 2, "fence_p": True},
+          "bn112x2": {"block_n": 112, "kv_stages": 2},
+          "bn112x2_fence": {"block_n": 112, "kv_stages": 2, "fence_p": True}},
     256: {"bn64x2": {"block_n": 64, "kv_stages": 2},
           "bn80x2": {"block_n": 80, "kv_stages": 2},
-          "bn80x2_nopp": {"block_n": 80, "kv_stages": 2, "pingpong": False}},
+          "bn80x2_fence": {"block_n": 80, "kv_stages": 2, "fence_p": True}},
 }
 
 

@@ -373,10 +373,35 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 
 
 def test_overlap_and_pingpong_are_wgmma_knobs():
-    with pytest.raises(ConfigError, match="need wgmma"):
-        ladder.k07.replace(intra_wg_overlap=True)
+    for knob in ("intra_wg_overlap", "pingpong", "fence_p"):
+        with pytest.raises(ConfigError, match="need wgmma"):
+            ladder.k07.replace(**{knob: True})
     with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
                                                      pingpong=True).short_name()
     assert name.endswith("+intra_wg_overlap+pingpong")
+
+
+@pytest.mark.parametrize("head_dim,block_n", [(192, 112), (256, 80), (192, 96)])
+@pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
+def test_fence_p_issues_each_p_v_gemm_as_one_group(head_dim, block_n, windowed, artifact_dir):
+    """At a B_c that is not a power of two ptxas sinks P's conversion in between the P V MMAs
+    and opens a warpgroup group (WARPGROUP.ARRIVE) per 16-key k-step; ``fence_p`` pins P
+    first, so every GEMM is one group, as at B_c = 64 or 128: the same HGMMAs, the PRMTs of
+    the conversion back to the power-of-two count, and no spill (hd256 B_c = 80 masked
+    spills without it)."""
+    base = policy.default_for("sm_90a", head_dim, windowed).replace(block_n=block_n)
+    copies = (3 if windowed else 2) + 1  # the mask phases' bodies and the overlap's prologue
+    ops = {}
+    for fenced in (False, True):
+        art = compile_config(base.replace(fence_p=fenced), "sm_90a", head_dim=head_dim,
+                             windowed=windowed, out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        ops[fenced] = histogram(parse(sass_text))
+        if fenced:
+            assert not read_resources(art.cubin, sass_text).spills
+    assert ops[True]["HGMMA"] == ops[False]["HGMMA"] == copies * (head_dim + block_n) // 16
+    assert ops[True]["WARPGROUP"] == 2 * 2 * copies  # an ARRIVE and a DEPBAR per GEMM
+    assert ops[False]["WARPGROUP"] > ops[True]["WARPGROUP"]
+    assert ops[True]["PRMT"] < ops[False]["PRMT"]

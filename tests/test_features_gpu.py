@@ -513,6 +513,21 @@ def test_wgmma_head_dims(head_dim, window):
     check_dense(q, k, v, window=window, config=config)
 
 
+@pytest.mark.parametrize("head_dim,block_n", [(192, 112), (256, 80)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
+def test_wgmma_fence_p(head_dim, block_n, window):
+    """P pinned before the P V MMAs (``fence_p``) at FA3's B_c for hd192 and hd256: tails,
+    GQA, masks, both dtypes."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        block_n=block_n, fence_p=True)
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, torch.bfloat16, seed=head_dim + 4)
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 300, 130, 4, 4, head_dim, torch.float16, seed=head_dim + 5)
+    check_dense(q, k, v, window=window, config=config)
+
+
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

@@ -130,6 +130,11 @@ class FlashConfig:
         pingpong: (wgmma, two or three consumer warpgroups) the warpgroups take turns at the
             tensor cores, round robin on one named barrier each: one issues its MMAs while the
             others run their softmax, so the tensor cores idle less while any exponentiates.
+        fence_p: (wgmma) pin P's registers (an empty inline-asm read-write of each, FA3's
+            ``warpgroup_fence_operand``) once it is converted, before the O += P V MMAs. At a
+            B_c that is not a power of two ptxas otherwise sinks P's conversion in between
+            the MMAs and issues them one k-step group at a time (docs/ladder.md, twelfth
+            session); not yet measured on a GPU.
     """
 
     block_m: int = 64
@@ -157,6 +162,7 @@ class FlashConfig:
     interleave_softmax: bool = False
     intra_wg_overlap: bool = False
     pingpong: bool = False
+    fence_p: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -225,9 +231,9 @@ class FlashConfig:
             )
         if self.wgmma:
             self._check_wgmma()
-        elif self.intra_wg_overlap or self.pingpong:
-            raise ConfigError("intra_wg_overlap and pingpong schedule warpgroup MMAs: they need "
-                              "wgmma")
+        elif self.intra_wg_overlap or self.pingpong or self.fence_p:
+            raise ConfigError("intra_wg_overlap, pingpong and fence_p schedule warpgroup MMAs: "
+                              "they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -283,7 +289,8 @@ class FlashConfig:
             flags = ["wgmma", "tma", f"kv_stages_{self.kv_stages}"]
             if self.fused_softmax:
                 flags.append("opt_softmax")
-            flags += [name for name in ("intra_wg_overlap", "pingpong") if getattr(self, name)]
+            flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p")
+                      if getattr(self, name)]
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:

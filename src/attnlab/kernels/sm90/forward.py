@@ -39,6 +39,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -70,6 +71,16 @@ CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 #: Threads that meet at a ping-pong turn barrier: the warpgroup whose turn it is and the one
 #: that hands it over.
 TURN_THREADS = 256
+
+
+def fence_registers(t: cute.Tensor) -> None:
+    """Pin the values of register tensor ``t``: an empty inline-asm statement reads and writes
+    each 32-bit register, so the compiler cannot move the instructions that compute them past
+    this point (FA3's ``warpgroup_fence_operand``). Its size in bytes must be a multiple of 4."""
+    words = cute.recast_tensor(t, cutlass.Int32)
+    for i in range(cute.size(words)):
+        words[i] = cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [words[i].ir_value()],
+                                                 "", "=r,0", has_side_effects=True))
 
 
 class FlashForwardSm90(ForwardKernel):
@@ -333,7 +344,7 @@ class FlashForwardSm90(ForwardKernel):
                             window_left, window_right, self.windowed)
         softmax.update(acc_S, acc_O)
         rP = cute.make_fragment_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
+        self._convert_p(acc_S, rP)
         pipes[1].consumer_wait(state)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, state.index], zero_init=False)
@@ -363,7 +374,7 @@ class FlashForwardSm90(ForwardKernel):
             mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
                             window_left, window_right, self.windowed)
             softmax.update(acc_S, acc_O, first=True)
-            rP.store(acc_S.load().to(self.dtype))
+            self._convert_p(acc_S, rP)
             v_state = state.clone()
             state.advance()
             blocks = (rP, corrections, *operands)
@@ -407,10 +418,17 @@ class FlashForwardSm90(ForwardKernel):
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
         softmax.rescale_o(acc_O, corrections)
-        rP.store(acc_S.load().to(self.dtype))
+        self._convert_p(acc_S, rP)
         v_state = state.clone()
         state.advance()
         return state, v_state
+
+    def _convert_p(self, acc_S: cute.Tensor, rP: cute.Tensor) -> None:
+        """P = the softmaxed S in the input dtype, the A operand of O += P V (``fence_p``:
+        pinned there)."""
+        rP.store(acc_S.load().to(self.dtype))
+        if cutlass.const_expr(self.cfg.fence_p):
+            fence_registers(rP)
 
     def _start_s(self, state, mma_qk: cute.TiledMma, thr_qk, tSrQ: cute.Tensor,
                  tSrK: cute.Tensor, pipes: list, wg) -> cute.Tensor:
