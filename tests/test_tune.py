@@ -38,7 +38,8 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
     default of ``policy.SM90A_WGMMA_KNOBS`` is in the space, Ampere's space has none; a wgmma
-    tile's neighbours are its ring depths and schedules, within shared memory."""
+    tile's neighbours are its ring depths and schedules, within shared memory, and at a B_c
+    that is not a power of two ``fence_p`` too."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -51,6 +52,11 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
                                                  256)} == {2}
+    assert not any(c.fence_p for c in around)
+    # B_c = 96 (hd192's default) also tries P pinned before the P V MMAs.
+    wide = knob_neighbours(policy.default_for("sm_90a", 192), "sm_90a", 192)
+    assert {c.fence_p for c in wide} == {False, True}
+    assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
 
 
 @pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),

@@ -92,13 +92,16 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
 
 
 def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None) -> list[FlashConfig]:
-    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong)."""
+    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong),
+    and where B_c is not a power of two, with and without P pinned (``fence_p``: it changes
+    how ptxas issues the P V GEMM only at those widths)."""
+    fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
     around = []
-    for stages, overlap, pingpong in itertools.product(WGMMA_STAGES, (False, True),
-                                                       (False, True)):
+    for stages, overlap, pingpong, fence in itertools.product(
+            WGMMA_STAGES, (False, True), (False, True), fences):
         try:
             candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
-                                       pingpong=pingpong)
+                                       pingpong=pingpong, fence_p=fence)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:
