@@ -450,11 +450,9 @@ class FlashForwardSm90(ForwardKernel):
     def _turn_end(self, wg):
         """``pingpong``: give the turn to the next warpgroup (round robin)."""
         if cutlass.const_expr(self.cfg.pingpong):
-            following = wg + 1
-            if cutlass.const_expr(self.num_consumers == 2):
-                following = 1 - wg
-            else:
-                following = following % self.num_consumers
+            # With two, ``1 - wg`` is the same turn without a remainder.
+            following = (1 - wg if self.num_consumers == 2
+                         else (wg + 1) % self.num_consumers)
             NamedBarrier.SCHEDULER.arrive(TURN_THREADS, following)
 
     def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
