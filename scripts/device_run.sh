@@ -5,11 +5,14 @@
 # warm, later runs start with `. .dsl-b/env.sh &&` and carry nothing).
 #   test     compile this GPU's defaults into the kernel cache, then the GPU tests
 #   bench    the host section (us per call, first calls) and the end-to-end bench grid
-#   sm90     wgmma tile candidates per head dim against the peers (scripts/sm90_candidates.py)
+#   sm90     wgmma tile candidates per head dim against the peers (scripts/sm90_candidates.py;
+#            later arguments go to it, e.g. --head-dims 96,192)
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   explain  attnlab profile (ncu) and roofline
+#   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
+#            hd256)
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
 mode=${1:-test}
@@ -32,7 +35,7 @@ case $mode in
     attnlab bench --seqlens 512,1024,2048,4096,16384 --out "$OUT"
     ;;
   sm90)
-    python3 scripts/sm90_candidates.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
+    python3 scripts/sm90_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   table)
     python3 scripts/hopper_table.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
@@ -51,5 +54,10 @@ case $mode in
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
     ;;
-  *) echo "unknown mode $mode (test|bench|sm90|table|hopper|ladder|explain)"; exit 2 ;;
+  profile)
+    for shape in 4,4096,4096,32,64 4,4096,4096,8,256; do
+      attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
+    done
+    ;;
+  *) echo "unknown mode $mode (test|bench|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
 esac

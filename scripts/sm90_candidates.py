@@ -1,7 +1,8 @@
 """Time wgmma tiles per head dim against the peers, in one run (what ``SM90A_WGMMA_KNOBS``
 is chosen from).
 
-Usage (GPU): python scripts/sm90_candidates.py [--head-dims 32,96,192,256] [--out DIR]
+Usage (GPU): python scripts/sm90_candidates.py [--head-dims 32,96,192,256]
+[--masks plain,causal] [--out DIR]
 For each head dim, plain and causal, bf16, batch 4 x 16 heads x seq 4k, it times the
 wgmma kernel with each candidate tile (B_c, ring stages; FA3's two overlaps on, or as noted)
 next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device only. The candidates are
@@ -25,31 +26,26 @@ from attnlab.ladder import HOPPER_STEPS
 SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 #: Three consumer warpgroups: 192 query rows per CTA.
 M192 = {"block_m": 192, "num_warps": 12}
-#: Candidate tiles per head dim (B_r = 64 per consumer warpgroup, B_c, ring stages), with
-#: ``fence_p`` where B_c is not a power of two: each spill-free and within shared memory
-#: (B_c x stages bounded by 227 KB at hd192/256).
+#: Candidate tiles per head dim (B_r = 64 per consumer warpgroup, B_c, ring stages; ``_fence``:
+#: P's registers pinned, ``fence_p``): each spill-free and within shared memory (B_c x stages
+#: bounded by 227 KB at hd192/256).
 TILES: dict[int, dict[str, dict[str, object]]] = {
     32: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
-         "m192bn128x2": {**M192, "block_n": 128, "kv_stages": 2},
-         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3},
-         "m192bn128x3_nopp": {**M192, "block_n": 128, "kv_stages": 3, "pingpong": False}},
+         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3}},
     64: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
-         "m192bn128x2": {**M192, "block_n": 128, "kv_stages": 2},
-         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3},
-         "m192bn128x3_nopp": {**M192, "block_n": 128, "kv_stages": 3, "pingpong": False}},
+         "m192bn128x3": {**M192, "block_n": 128, "kv_stages": 3}},
     96: {"bn128x2": {"block_n": 128, "kv_stages": 2},
-         "bn160x2_fence": {"block_n": 160, "kv_stages": 2, "fence_p": True}},
-    128: {"m128bn128x3": {"block_n": 128, "kv_stages": 3},
-          "m192bn64x3": {**M192, "block_n": 64, "kv_stages": 3},
-          "m192bn64x4": {**M192, "block_n": 64, "kv_stages": 4}},
-    192: {"bn96x2": {"block_n": 96, "kv_stages": 2},
-          "bn96x2_fence": {"block_n": 96, "kv_stages": 2, "fence_p": True},
-          "bn112x2": {"block_n": 112, "kv_stages": 2},
-          "bn112x2_fence": {"block_n": 112, "kv_stages": 2, "fence_p": True}},
+         "m192bn96x2_fence": {**M192, "block_n": 96, "kv_stages": 2, "fence_p": True}},
+    128: {"m128bn128x3": {"block_n": 128, "kv_stages": 3}},
+    192: {"bn96x2_fence": {"block_n": 96, "kv_stages": 2, "fence_p": True}},
     256: {"bn64x2": {"block_n": 64, "kv_stages": 2},
           "bn80x2": {"block_n": 80, "kv_stages": 2},
           "bn80x2_fence": {"block_n": 80, "kv_stages": 2, "fence_p": True}},
 }
+#: Each candidate also with the longest-first order over L2 sections (``lpt``; masked only).
+TILES = {hd: {**tiles, **{f"{name}_lpt": {**knobs, "lpt": True}
+                          for name, knobs in tiles.items()}}
+         for hd, tiles in TILES.items()}
 
 
 def candidates(head_dim: int) -> dict[str, FlashConfig]:
@@ -63,10 +59,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--head-dims", default="32,96,192,256")
     parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--masks", default="plain,causal",
+                        help="plain, causal or both (comma-separated)")
     args = parser.parse_args()
     head_dims = [int(h) for h in args.head_dims.split(",")]
+    masks = [{"plain": False, "causal": True}[m] for m in args.masks.split(",")]
     points = [Point(4, args.seqlen, args.seqlen, 16, hd, "bfloat16", causal)
-              for hd in head_dims for causal in (False, True)]
+              for hd in head_dims for causal in masks]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p in points for cfg in candidates(p.head_dim).values()], jobs=16)
     peers = {name: fn for name, fn in available_peers().items()

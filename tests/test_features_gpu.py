@@ -412,6 +412,28 @@ def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
     check_dense(q, k, v, window=(-1, 0), config=config)
 
 
+@pytest.mark.parametrize("kernel", ["mma_sync", "mma_sync_persistent", "wgmma"])
+@pytest.mark.parametrize("window", [(-1, 0), (64, 0)], ids=["causal", "win"])
+def test_longest_first_over_l2_sections(kernel, window):
+    """``lpt``: a one-dimensional grid walked longest first over sections of heads (GQA
+    groups whole, the last section narrower); dense with tails, and packed sequences (whose
+    sections are sized from the average sequence)."""
+    if kernel == "wgmma":
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("wgmma needs sm_90a")
+        config = policy.default_for("sm_90a", 128, True)
+    else:
+        config = ladder.NAMED["persistent" if kernel.endswith("persistent") else "k16"]
+    config = config.replace(lpt=True)
+    # 12 query heads over 4 K/V heads of 45k keys (23 MB each): a section is one group of
+    # three query heads (L2 holds one K/V head), four sections.
+    q, k, v = dense_inputs(1, 300, 45_000, 12, 4, 128, torch.bfloat16, seed=8)
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(3, 333, 517, 8, 2, 128, torch.bfloat16, seed=9)
+    check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.bfloat16, config)
+
+
 @pytest.mark.parametrize("head_dim,tile", [(64, 16), (128, 16), (128, 64), (256, 32)])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
 def test_d_head_tile(head_dim, tile, window):

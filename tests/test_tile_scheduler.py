@@ -1,33 +1,82 @@
-"""The tile scheduler's order, on Python ints (no GPU): what a persistent CTA walks."""
+"""The tile scheduler's order, on Python ints (no GPU): what CTAs of a launch walk."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlab.kernels.common.tile_scheduler import TileScheduler, longest_first
+from attnlab.kernels.common.tile_scheduler import (
+    L2_KV_BYTES,
+    TileScheduler,
+    heads_per_section,
+    longest_first,
+)
+
+
+def every_tile(m_blocks: int, seqs: int, heads: int) -> list[tuple[int, int, int]]:
+    return sorted((m, s, h) for m in range(m_blocks) for s in range(seqs)
+                  for h in range(heads))
 
 
 @given(m_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),
-       windowed=st.booleans(), ctas=st.integers(1, 12))
-def test_persistent_ctas_take_every_tile_once(m_blocks, seqs, heads, windowed, ctas):
-    """CTA c takes tiles c, c + ctas, ...: together every (m_block, seq, head) exactly once;
-    the row blocks of one head are consecutive, and under a mask the longest (last) first."""
-    scheduler = TileScheduler(m_blocks, seqs, heads, persistent=True, windowed=windowed)
-    total = m_blocks * seqs * heads
-    walks = [[scheduler.coords(t) for t in range(c, total, ctas)] for c in range(ctas)]
-    taken = [tile for walk in walks for tile in walk]
-    assert sorted(taken) == [(m, s, h) for m in range(m_blocks) for s in range(seqs)
-                             for h in range(heads)]
-    in_order = [scheduler.coords(t) for t in range(total)]
-    first_head = [m for m, s, h in in_order[:m_blocks]]
-    assert first_head == (list(range(m_blocks))[::-1] if windowed else list(range(m_blocks)))
-    assert {(s, h) for _, s, h in in_order[:m_blocks]} == {(0, 0)}
+       windowed=st.booleans(), lpt=st.booleans(), section=st.integers(1, 7),
+       ctas=st.integers(1, 12))
+def test_persistent_ctas_take_every_tile_once(m_blocks, seqs, heads, windowed, lpt, section,
+                                              ctas):
+    """CTA c takes tiles c, c + ctas, ...: together every (m_block, seq, head) exactly once."""
+    scheduler = TileScheduler(m_blocks, seqs, heads, persistent=True, windowed=windowed,
+                              lpt=lpt, section=section)
+    total = scheduler.num_tiles()
+    taken = [scheduler.coords(t) for c in range(ctas) for t in range(c, total, ctas)]
+    assert sorted(taken) == every_tile(m_blocks, seqs, heads)
+
+
+@given(m_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),
+       windowed=st.booleans(), lpt=st.booleans())
+def test_by_head_order_keeps_a_heads_row_blocks_together(m_blocks, seqs, heads, windowed,
+                                                         lpt):
+    """Without a mask ``lpt`` changes nothing; with one, a head's row blocks run longest
+    first."""
+    scheduler = TileScheduler(m_blocks, seqs, heads, persistent=False, windowed=windowed,
+                              lpt=lpt and not windowed)
+    in_order = [scheduler.coords(t) for t in range(scheduler.num_tiles())]
+    first = list(reversed(range(m_blocks))) if windowed else list(range(m_blocks))
+    assert in_order[:m_blocks] == [(m, 0, 0) for m in first]
+    assert sorted(in_order) == every_tile(m_blocks, seqs, heads)
+    assert scheduler.grid() == (m_blocks, seqs, heads)
+
+
+@given(m_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),
+       section=st.integers(1, 7))
+def test_masked_order_is_longest_first_per_l2_section(m_blocks, seqs, heads, section):
+    """Each section's pairs run row block by row block, the last (longest) first; sections
+    cover consecutive (sequence, head) pairs, head fastest; every tile once."""
+    scheduler = TileScheduler(m_blocks, seqs, heads, persistent=False, windowed=True,
+                              lpt=True, section=section)
+    assert scheduler.grid() == (m_blocks * seqs * heads, 1, 1)
+    in_order = [scheduler.coords(t) for t in range(scheduler.num_tiles())]
+    assert sorted(in_order) == every_tile(m_blocks, seqs, heads)
+    pairs = [s * heads + h for _, s, h in in_order]
+    start = 0
+    while start < len(in_order):
+        width = min(section, seqs * heads - pairs[start])
+        chunk = in_order[start:start + width * m_blocks]
+        assert [m for m, _, _ in chunk] == [m for m in reversed(range(m_blocks))
+                                            for _ in range(width)]
+        assert sorted({s * heads + h for _, s, h in chunk}) == list(
+            range(pairs[start], pairs[start] + width))
+        start += width * m_blocks
+
+
+def test_heads_per_section_fits_l2_in_whole_groups():
+    row = 2 * 128 * 2  # K and V rows of hd128 in 16 bits
+    assert heads_per_section(4096, row, 1) == L2_KV_BYTES // row // 4096
+    assert heads_per_section(4096, row, 4) == 4 * (L2_KV_BYTES // row // 4096)
+    # A K/V head larger than L2 still makes a section of one group.
+    assert heads_per_section(1 << 22, row, 8) == 8
 
 
 def test_grid_and_longest_first():
-    plain = TileScheduler(8, 2, 16, persistent=False, windowed=False)
-    assert plain.grid() == (8, 2, 16)
     assert TileScheduler(8, 2, 16, persistent=True, windowed=True).grid(132) == (132, 1, 1)
     assert [longest_first(m, 4, True) for m in range(4)] == [3, 2, 1, 0]
     assert [longest_first(m, 4, False) for m in range(4)] == [0, 1, 2, 3]

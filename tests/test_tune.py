@@ -37,15 +37,16 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 
 def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
-    default of ``policy.SM90A_WGMMA_KNOBS`` is in the space, Ampere's space has none; a wgmma
-    tile's neighbours are its ring depths and schedules, within shared memory, and at a B_c
-    that is not a power of two ``fence_p`` too."""
+    default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order: the
+    other is the refinement's), Ampere's space has none; a wgmma tile's neighbours are its ring
+    depths and schedules, within shared memory, at a B_c that is not a power of two
+    ``fence_p`` too, and under a mask both tile orders."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
     assert len(wgmma) == len(set(wgmma)) and set(hopper) == set(ampere) | set(wgmma)
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
-        assert policy.default_for("sm_90a", head_dim, windowed) in wgmma
+        assert policy.default_for("sm_90a", head_dim, windowed).replace(lpt=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2
@@ -57,6 +58,9 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     wide = knob_neighbours(policy.default_for("sm_90a", 192), "sm_90a", 192)
     assert {c.fence_p for c in wide} == {False, True}
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
+    masked = knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64, True)
+    assert {c.lpt for c in masked} == {False, True}
+    assert len(masked) == 2 * len({c.replace(lpt=False) for c in masked})
 
 
 @pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),
@@ -203,8 +207,9 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
 
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
     """Causal and windowed calls compile the windowed kernel, whose default is looked up
-    under its own key, as is each dtype; the masked default has its own tile where one
-    measured faster (hd32: two consumer warpgroups, not three; policy.SM90A_WGMMA_KNOBS)."""
+    under its own key, as is each dtype; the masked default has its own knobs where they
+    measured faster (the longest-first order at hd32, not at hd128;
+    policy.SM90A_WGMMA_KNOBS)."""
     device = H200
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.config_for(device, causal)
@@ -213,7 +218,15 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
     hd32 = dataclasses.replace(problem(4096), head_dim=32)
     assert dispatch.config_for(device, hd32).block_m == 192
-    assert dispatch.config_for(device, dataclasses.replace(hd32, window=(-1, 0))).block_m == 128
+    assert dispatch.config_for(device, dataclasses.replace(hd32, window=(-1, 0))).lpt
+    assert not dispatch.config_for(device, hd32).lpt and not chosen.lpt
+    # Short masked queries keep two warpgroups in the per-head order (by length bucket).
+    hd64 = dataclasses.replace(problem(4096), head_dim=64, window=(-1, 0))
+    for seqlen, rows, lpt in ((1024, 128, False), (2048, 128, False), (3000, 192, True),
+                              (16384, 192, True)):
+        short = dispatch.config_for(device, dataclasses.replace(hd64, seqlen_q=seqlen))
+        assert (short.block_m, short.lpt) == (rows, lpt), seqlen
+    assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_q=1024)).block_m == 192
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()

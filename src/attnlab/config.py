@@ -134,7 +134,11 @@ class FlashConfig:
             ``warpgroup_fence_operand``) once it is converted, before the O += P V MMAs. At a
             B_c that is not a power of two ptxas otherwise sinks P's conversion in between
             the MMAs and issues them one k-step group at a time (docs/ladder.md, twelfth
-            session); not yet measured on a GPU.
+            session).
+        lpt: under a mask (causal or a window), hand out the output tiles longest first over
+            the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
+            longest-processing-time order), instead of longest first within each head
+            (``kernels/common/tile_scheduler.py``). No effect without a mask.
     """
 
     block_m: int = 64
@@ -163,6 +167,7 @@ class FlashConfig:
     intra_wg_overlap: bool = False
     pingpong: bool = False
     fence_p: bool = False
+    lpt: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -289,7 +294,7 @@ class FlashConfig:
             flags = ["wgmma", "tma", f"kv_stages_{self.kv_stages}"]
             if self.fused_softmax:
                 flags.append("opt_softmax")
-            flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p")
+            flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p", "lpt")
                       if getattr(self, name)]
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
@@ -331,6 +336,8 @@ class FlashConfig:
             flags.append("tma_kv")
         if self.interleave_softmax:
             flags.append("interleave_softmax")
+        if self.lpt:
+            flags.append("lpt")
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     # ----------------------------------------------------------------------------------------

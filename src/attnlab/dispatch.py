@@ -64,6 +64,8 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
 
 
 def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
+    from attnlab.tune.cache import seqlen_bucket
+
     dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not
     # speak for it (their best knobs differ, docs/ladder.md).
@@ -74,4 +76,6 @@ def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
         return tuned
-    return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen)
+    # By bucket, as the choice is memoised.
+    return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
+                       seqlen_bucket(problem.seqlen_q))

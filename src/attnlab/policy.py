@@ -45,34 +45,60 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 
 #: The wgmma kernel's tile per (head dim, windowed): FA3's two overlaps everywhere (eleventh
 #: session: hd128 seq 4k 526 -> 652 TFLOP/s end to end), B_r / B_c / stages from the tile
-#: sweeps on an H100 (docs/measurement.md, twelfth session, ``scripts/sm90_candidates.py``).
-#: Three consumer warpgroups (B_r = 192) at hd32/hd64 without a mask (+16% / +8%; masked,
-#: the taller tile's diagonal blocks cost more than it saves); B_c = 96 at hd192 and 64 at
-#: hd256 (80 and 112, FA3's, measured 2x slower without a mask, and 80 spills with one).
-#: The intra-warpgroup overlap holds P beside S: at hd64 B_c = 256 spills with it.
-_WGMMA_TILES: dict[int, dict[str, int]] = {
+#: sweeps on an H100 (docs/ladder.md, twelfth and thirteenth sessions,
+#: ``scripts/sm90_candidates.py``). Three consumer warpgroups (B_r = 192) at hd32/64/96; under
+#: a mask only with the longest-first order over L2 sections (``lpt``: +5% at hd64, +10% at
+#: hd32; without it the taller tile's longer tail cancels its gain). P pinned (``fence_p``) at
+#: B_c 80 and 96: without it ptxas splits the P V MMAs and hd256 B_c 80 runs at half speed.
+#: ``lpt`` measured -5% at hd128 (its sections' K/V crowd L2 out), so hd128 keeps the
+#: per-head order.
+_M192 = {"block_m": 192, "num_warps": 12}
+_WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
+    (32, False): {**_M192, "block_n": 128, "kv_stages": 3},
+    (32, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
+    (64, False): {**_M192, "block_n": 128, "kv_stages": 3},
+    (64, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
+    (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True},
+    (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
+    (128, False): {"block_n": 128, "kv_stages": 3},
+    (128, True): {"block_n": 128, "kv_stages": 3},
+    (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True},
+    (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
+    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True},
+    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True},
+}
+#: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
+#: per-head order. At seq 1k the three-warpgroup, longest-first hd64 tile measured 0.81x of
+#: this one (192 rows leave a partial last row block and fewer tiles to balance) and hd256's
+#: B_c 80 0.89x of B_c 64 (1k keys leave a partial last K/V block, masked); both won from 8k.
+_SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3},
     64: {"block_n": 128, "kv_stages": 3},
     96: {"block_n": 128, "kv_stages": 2},
-    128: {"block_n": 128, "kv_stages": 3},
-    192: {"block_n": 96, "kv_stages": 2},
     256: {"block_n": 64, "kv_stages": 2},
 }
-_THREE_WARPGROUPS = {"block_m": 192, "num_warps": 12}
+LONG_MASKED_SEQLEN = 4096
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
-    (head_dim, windowed): {
-        **tile, "intra_wg_overlap": True, "pingpong": True,
-        **(_THREE_WARPGROUPS if head_dim <= 64 and not windowed else {})}
-    for head_dim, tile in _WGMMA_TILES.items() for windowed in (False, True)}
+    key: {**tile, "intra_wg_overlap": True, "pingpong": True}
+    for key, tile in _WGMMA_TILES.items()}
+SM90A_SHORT_MASKED_KNOBS: dict[int, dict[str, object]] = {
+    head_dim: {**tile, "intra_wg_overlap": True, "pingpong": True}
+    for head_dim, tile in _SHORT_MASKED_TILES.items()}
 
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
-                dtype: str = "bfloat16", varlen: bool = False) -> FlashConfig:
+                dtype: str = "bfloat16", varlen: bool = False,
+                seqlen: int | None = None) -> FlashConfig:
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
-    warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``); otherwise
+    warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
+    ``seqlen`` below ``LONG_MASKED_SEQLEN``, ``SM90A_SHORT_MASKED_KNOBS``); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
-    ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences.)"""
+    ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
+    query length, None for long.)"""
     if arch == "sm_90a":
+        short = windowed and seqlen is not None and seqlen < LONG_MASKED_SEQLEN
+        if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
+            return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
         return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
@@ -100,14 +126,14 @@ def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
 
 def default_specs(arch: str) -> list[ForwardSpec]:
     """The kernels ``attention()`` runs on ``arch`` without a tuned entry: every supported head
-    dim, both dtypes, plain and masked, with and without the LSE, dense batches (a
-    ``static_strides`` default with the strides of contiguous tensors of
+    dim, both dtypes, plain and masked (short and long queries), with and without the LSE,
+    dense batches (a ``static_strides`` default with the strides of contiguous tensors of
     ``abi.CANONICAL_HEADS`` heads). What ``attnlab cache --warm`` compiles."""
     specs = []
     for head_dim in SUPPORTED_HEAD_DIMS:
         for dtype in SUPPORTED_DTYPES:
-            for windowed in (False, True):
-                config = default_for(arch, head_dim, windowed, dtype)
+            for windowed, seqlen in ((False, None), (True, None), (True, 1)):
+                config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen)
                 specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
                                       with_lse=with_lse) for with_lse in (False, True)]
-    return specs
+    return list(dict.fromkeys(specs))

@@ -23,6 +23,12 @@ METRIC_SETS: dict[str, dict[str, str]] = {
         "duration_ns": "gpu__time_duration.sum",
         "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     },
+    # A causal grid's tail: SMs idle while the last CTAs run show as avg well below max.
+    "balance over SMs": {
+        "sm_active_cycles_avg": "sm__cycles_active.avg",
+        "sm_active_cycles_max": "sm__cycles_active.max",
+        "issue_active_pct": "sm__inst_issued.avg.pct_of_peak_sustained_active",
+    },
     "shared memory (seed 001)": {
         "bank_conflicts_ld": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
         "bank_conflicts_st": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
@@ -42,7 +48,9 @@ METRIC_SETS: dict[str, dict[str, str]] = {
     "stalls per issued instruction (seed 001)": {
         f"stall_{reason}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
         for reason in ("short_scoreboard", "long_scoreboard", "mio_throttle", "barrier",
-                       "math_pipe_throttle", "wait", "not_selected", "lg_throttle")
+                       "math_pipe_throttle", "wait", "not_selected", "lg_throttle",
+                       "sleeping", "membar", "dispatch_stall", "no_instruction",
+                       "branch_resolving", "selected")
     },
     "memory": {
         "dram_read_bytes": "dram__bytes_read.sum",
@@ -64,7 +72,9 @@ OPCODES_SHOWN = ("HMMA.16816.F32.BF16", "HMMA.16816.F32", "LDSM.16.M88.4", "LDSM
                  "LOP3.LUT", "SHF.L.U32", "IADD3", "CS2R", "BAR.SYNC.DEFER_BLOCKING")
 
 #: Kernel-name filters (ncu's ``regex:``) for each profiled implementation.
-KERNEL_FILTERS = {"attnlab": "regex:kernel_cutlass_kernel_attnlab", "sdpa_flash": "regex:flash"}
+#: Each runs in its own process, so a filter only has to skip that process's input kernels.
+KERNEL_FILTERS = {"attnlab": "regex:kernel_cutlass_kernel_attnlab", "sdpa_flash": "regex:flash",
+                  "sdpa_cudnn": "regex:cudnn|sdpa", "fa4": "regex:flash"}
 
 
 class ProfilerUnavailable(RuntimeError):
@@ -112,7 +122,8 @@ def _number(text: str) -> float | str | dict[str, float]:
 
 
 def profile(impl: str, target_args: list[str], *, timeout: int = 600) -> KernelProfile:
-    """Profile one launch of ``impl`` (``attnlab`` or ``sdpa_flash``) with the metric sets."""
+    """Profile one launch of ``impl`` (``attnlab`` or a peer of ``KERNEL_FILTERS``) with the
+    metric sets."""
     try:
         ncu = find_tool("ncu")
     except RuntimeError as exc:
@@ -154,6 +165,10 @@ def derived(p: KernelProfile) -> dict[str, float]:
         # Each warp-level cp.async moves 16 B x 32 lanes; bypassing L1 (.cg), all of it must
         # come from L2, whatever the L1 hit-rate ratio metric says (seed 004, Observation Z).
         out["l2_bytes_per_ldgsts_byte"] = l2_bytes / (ldgsts * 512)
+    busy_avg, busy_max = num("sm_active_cycles_avg"), num("sm_active_cycles_max")
+    if busy_avg is not None and busy_max:
+        # 100 when every SM works until the last one finishes.
+        out["sm_balance_pct"] = 100 * busy_avg / busy_max
     return out
 
 

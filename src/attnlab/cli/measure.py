@@ -335,7 +335,7 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
                                           on_impl=lambda name, t=timing: progress.advance(t))
                 if refine:
                     # A second timing round of the best tile's knobs, against the default.
-                    around = [c for c in knob_neighbours(outcome.best, arch, head_dim)
+                    around = [c for c in knob_neighbours(outcome.best, arch, head_dim, causal)
                               if c != default]
                     timing = progress.add_task(f"{label}: refine seq {point.seqlen_q}",
                                                total=len(around) + 1)

@@ -12,6 +12,8 @@ from attnlab.cli import app
 from attnlab.cli.measure import OUT_OPTION, parse_dtypes, parse_ints, require_gpu
 
 console = Console()
+#: Peers ``--peers`` takes (each profiled in its own process; see ``analysis.ncu``).
+PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -21,11 +23,14 @@ def _shape(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _profile_all(config: str, shape: tuple[int, ...], dtype: str, vs_reference: bool):
+def _profile_all(config: str, shape: tuple[int, ...], dtype: str, peers: list[str],
+                 causal: bool = False):
     from attnlab.analysis.ncu import ProfilerUnavailable, profile
 
     target = ["--config", config, "--shape", ",".join(map(str, shape)), "--dtype", dtype]
-    impls = ["attnlab", "sdpa_flash"] if vs_reference else ["attnlab"]
+    if causal:
+        target.append("--causal")
+    impls = ["attnlab", *peers]
     try:
         return [profile(impl, target) for impl in impls]
     except ProfilerUnavailable as exc:
@@ -35,26 +40,37 @@ def _profile_all(config: str, shape: tuple[int, ...], dtype: str, vs_reference: 
 
 @app.command("profile")
 def profile_command(
-    config: str = typer.Argument("k07", help="Ladder name or JSON file of FlashConfig fields."),
+    config: str = typer.Argument(
+        "k07", help="Ladder name, JSON file of FlashConfig fields, or 'default' (what a call "
+        "runs on this GPU)."),
     shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
     dtype: str = typer.Option("bf16"),
-    vs_reference: bool = typer.Option(True, help="Also profile SDPA flash (FA2)."),
+    causal: bool = typer.Option(False, help="Causal mask (bottom-right; Sq == Sk here)."),
+    peers: str = typer.Option("sdpa_flash", help="Comma-separated peers profiled beside it: "
+                              f"{', '.join(PEERS)} (empty for none)."),
     out: Path = OUT_OPTION,
 ) -> None:
     """Nsight Compute metrics of one launch: bank conflicts, stalls, pipes, opcodes, bytes."""
     from attnlab.analysis.ncu import METRIC_SETS, OPCODES_SHOWN, derived, save_json
     from attnlab.ladder import resolve
 
-    try:
-        resolve(config)
-    except (KeyError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="CONFIG") from None
+    if config != "default":
+        try:
+            resolve(config)
+        except (KeyError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="CONFIG") from None
+    peer_names = [p for p in peers.split(",") if p]
+    unknown = sorted(set(peer_names) - set(PEERS))
+    if unknown:
+        raise typer.BadParameter(f"unknown peers {unknown}; choose from {', '.join(PEERS)}",
+                                 param_hint="--peers")
     dims = _shape(shape)
     (dtype_name,) = parse_dtypes(dtype)
     require_gpu()
     with console.status("running ncu (one launch each)"):
-        profiles = _profile_all(config, dims, dtype_name, vs_reference)
-    table = Table(title=f"ncu --clock-control none: {config} vs reference, shape {shape}")
+        profiles = _profile_all(config, dims, dtype_name, peer_names, causal)
+    mask_name = " causal" if causal else ""
+    table = Table(title=f"ncu --clock-control none: {config} vs peers, shape {shape}{mask_name}")
     table.add_column("metric")
     for p in profiles:
         table.add_column(p.impl, justify="right")
@@ -76,7 +92,8 @@ def profile_command(
             missing = p.metrics["unavailable"]
             console.print(f"[yellow]{p.impl}: ncu did not report[/yellow] {missing}")
     out.mkdir(parents=True, exist_ok=True)
-    console.print(f"wrote {save_json(out / f'profile_{config}.json', profiles)}")
+    stem = f"profile_{Path(config).stem}{'_causal' if causal else ''}_{'x'.join(map(str, dims))}"
+    console.print(f"wrote {save_json(out / f'{stem}.json', profiles)}")
 
 
 def _opcode(profile, opcode: str) -> float | None:
@@ -121,7 +138,7 @@ def roofline(
     points = []
     for i, config in enumerate(configs or ["k07"]):
         with console.status(f"profiling {config}"):
-            profiles = _profile_all(config, dims, dtype_name, vs_reference=i == 0)
+            profiles = _profile_all(config, dims, dtype_name, ["sdpa_flash"] if i == 0 else [])
         for p in profiles:
             name = config if p.impl == "attnlab" else p.impl
             m = p.metrics

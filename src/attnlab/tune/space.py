@@ -9,7 +9,7 @@ from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family
 
 #: The wgmma kernel's search: consumer warpgroups (B_r = 64 each), B_c, ring stages.
 WGMMA_CONSUMERS = (1, 2, 3)
-WGMMA_BLOCK_N = (64, 96, 128, 192)
+WGMMA_BLOCK_N = (64, 80, 96, 128, 192)
 WGMMA_STAGES = (2, 3, 4)
 
 
@@ -42,14 +42,17 @@ def search_space(wide: bool = False, arch: str = "sm_80") -> list[FlashConfig]:
 def wgmma_space() -> list[FlashConfig]:
     """The warpgroup-MMA kernel's tiles (one to three consumer warpgroups, B_c, ring stages),
     each with and without FA3's intra-warpgroup overlap and ping-pong (ping-pong needs two
-    warpgroups or more). Shared memory and spills are pruned per head dim after compiling."""
+    warpgroups or more); P pinned (``fence_p``) where B_c is not a power of two, where it
+    measured up to 2x faster. Shared memory and spills are pruned per head dim after
+    compiling; the tile order (``lpt``) is the refinement's (``knob_neighbours``)."""
     configs = []
     for consumers, block_n, stages, overlap, pingpong in itertools.product(
             WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES, (False, True), (False, True)):
         try:
             configs.append(HOPPER_STEPS["wgmma"].replace(
                 block_m=64 * consumers, num_warps=4 * consumers, block_n=block_n,
-                kv_stages=stages, intra_wg_overlap=overlap, pingpong=pingpong))
+                kv_stages=stages, intra_wg_overlap=overlap, pingpong=pingpong,
+                fence_p=bool(block_n & (block_n - 1))))
         except ConfigError:
             continue  # ping-pong with one warpgroup
     return configs
@@ -60,12 +63,13 @@ ROW_SUM_CHAINS = (1, 2, 4, 8, 16)
 
 
 def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
-                    head_dim: int | None = None) -> list[FlashConfig]:
+                    head_dim: int | None = None, windowed: bool = False) -> list[FlashConfig]:
     """``config`` with each row-sum chain count, each K/V walk direction (kernel 13) and, on
     sm_90, each way of loading K/V: ``cp.async`` eagerly, or the TMA ring (``TMA_RING``)
     where its second stage fits in shared memory at ``head_dim``, with the whole-tile or the
     sliced softmax (``INTERLEAVED_SOFTMAX``, at ptxas -O1). A wgmma tile's neighbours are its
-    ring depths and schedules instead (``_wgmma_neighbours``).
+    ring depths, schedules and, under a mask (``windowed``), tile orders instead
+    (``_wgmma_neighbours``).
 
     These knobs change no tile and no occupancy (the ring's second stage aside), only how
     ptxas schedules and allocates the loop, and their best value moved with the head dim,
@@ -73,7 +77,7 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
     pruned statically.
     """
     if config.wgmma:
-        return _wgmma_neighbours(config, arch, head_dim)
+        return _wgmma_neighbours(config, arch, head_dim, windowed)
     whole_tile = {"interleave_softmax": False, "ptxas_opt_level": 3}
     loads = [{"tma_kv_loads": False, "kv_stages": 1, **whole_tile}]
     if family(arch) == "sm_90":
@@ -91,17 +95,20 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
     return around
 
 
-def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None) -> list[FlashConfig]:
-    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong),
-    and where B_c is not a power of two, with and without P pinned (``fence_p``: it changes
-    how ptxas issues the P V GEMM only at those widths)."""
+def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
+                      windowed: bool) -> list[FlashConfig]:
+    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong);
+    where B_c is not a power of two, with and without P pinned (``fence_p``: it changes how
+    ptxas issues the P V GEMM only at those widths); under a mask, in both tile orders
+    (``lpt``: it helped at some head dims and hurt at hd128)."""
     fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
+    orders = (False, True) if windowed else (config.lpt,)
     around = []
-    for stages, overlap, pingpong, fence in itertools.product(
-            WGMMA_STAGES, (False, True), (False, True), fences):
+    for stages, overlap, pingpong, fence, lpt in itertools.product(
+            WGMMA_STAGES, (False, True), (False, True), fences, orders):
         try:
             candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
-                                       pingpong=pingpong, fence_p=fence)
+                                       pingpong=pingpong, fence_p=fence, lpt=lpt)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:

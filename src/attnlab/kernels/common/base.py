@@ -13,6 +13,7 @@ import cutlass.cute as cute
 
 from attnlab.kernels.abi import ForwardArgs, ForwardSpec
 from attnlab.kernels.common.tensors import element_type, problem_tensors
+from attnlab.kernels.common.tile_scheduler import TileScheduler, heads_per_section
 
 
 class ForwardKernel:
@@ -56,6 +57,20 @@ class ForwardKernel:
         (batch, row, head, d) views of q/k/v/out and a (batch, head, row) view of the LSE;
         ``num_seqs`` is the batch, or the packed sequences of ``cu_seqlens``."""
         raise NotImplementedError
+
+    def tile_scheduler(self, num_m_blocks, num_seqs, num_heads, heads_per_kv, kv_rows,
+                       persistent: bool) -> TileScheduler:
+        """The launch's tile scheduler, as the kernel builds it (a masked ``lpt`` launch sizes
+        its L2 sections from ``kv_rows``, the K/V tensor's rows: a sequence's, or all packed
+        ones)."""
+        section = None
+        if cutlass.const_expr(self.windowed and self.cfg.lpt):
+            if cutlass.const_expr(self.varlen):
+                kv_rows = cutlass.max(kv_rows // num_seqs, 1)
+            section = heads_per_section(kv_rows, 2 * self.head_dim * self.dtype.width // 8,
+                                        heads_per_kv)
+        return TileScheduler(num_m_blocks, num_seqs, num_heads, persistent, self.windowed,
+                             self.cfg.lpt, section)
 
 
 def shared_tile(dtype: type[cutlass.Numeric], layout) -> type:

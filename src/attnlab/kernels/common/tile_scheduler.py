@@ -3,41 +3,69 @@
 An output tile is ``(m_block, seq, head)``: ``block_m`` query rows of one sequence (a batch
 element or a packed sequence) and one query head. Two grids:
 
-* **One CTA per tile** (the default): the grid is ``(m_blocks, seqs, heads)`` and the hardware
-  hands out tiles in launch order.
+* **One CTA per tile** (the default): the hardware hands out tiles in launch order.
 * **Persistent** (the lab's ``persistent`` knob): ``num_ctas`` resident CTAs walk the tiles
-  in that same launch order, CTA ``c`` taking tiles ``c, c + num_ctas, ...``; the row blocks
-  of one head stay together, so they share its K/V in L2.
+  in that same launch order, CTA ``c`` taking tiles ``c, c + num_ctas, ...``.
 
-Either way a masked kernel takes its row blocks longest first (``longest_first``).
+The launch order depends on the mask:
+
+* **By head** (the default): the row blocks of one head are consecutive, so they share its
+  K/V in L2; the grid is ``(m_blocks, seqs, heads)``. Under a mask (causal or a window: a
+  tile's length depends on its row block) a head's row blocks go longest first.
+* **Longest first over L2 sections** (``lpt``, masked launches): longest first over the whole
+  launch, not only within a head, so the short tiles fill the grid's tail (the
+  longest-processing-time rule). The (sequence, head) pairs are cut into *L2 sections* of as
+  many heads as keep their K and V in L2 together; a section's tiles go row block by row
+  block, longest first, each over all the section's heads (FA3's LPT order). The grid is one
+  dimension.
 """
 
 import cutlass
 import cutlass.cute as cute
 
+#: K and V bytes an L2 section may keep resident (H100 and H200: 50 MB of L2, part of which
+#: Q, O and other SMs' traffic take).
+L2_KV_BYTES = 40 << 20
+
 
 def longest_first(m_block, num_m_blocks, windowed: bool):
     """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
-    blocks, which see the most keys under a causal band, start first, so the short ones fill
-    the tail of the grid instead of the long ones."""
+    blocks, which see the most keys under a causal band, start first."""
     return num_m_blocks - 1 - m_block if windowed else m_block
+
+
+def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv):
+    """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that
+    share a K/V head), as many K/V heads as fit in ``L2_KV_BYTES`` (at least one).
+    ``kv_rows``: keys per sequence; ``kv_row_bytes``: bytes of one key's K and V rows."""
+    return cutlass.max(L2_KV_BYTES // kv_row_bytes // kv_rows, 1) * heads_per_kv
 
 
 class TileScheduler:
     """The tiles of a launch, ``num_m_blocks x num_seqs x num_heads``, and how CTAs take
-    them (built inside the kernel, or on the host for ``grid``)."""
+    them (built inside the kernel, or on the host for ``grid``). ``lpt``: the longest-first
+    order over L2 sections, in a masked launch; ``section``: its query heads per section
+    (``heads_per_section``, needed inside the kernel only)."""
 
-    def __init__(self, num_m_blocks, num_seqs, num_heads, persistent: bool, windowed: bool):
+    def __init__(self, num_m_blocks, num_seqs, num_heads, persistent: bool, windowed: bool,
+                 lpt: bool = False, section=None):
         self.num_m_blocks = num_m_blocks
         self.num_seqs = num_seqs
         self.num_heads = num_heads
         self.persistent = persistent
         self.windowed = windowed
+        self.lpt = lpt and windowed
+        self.section = section
+
+    def num_tiles(self):
+        return self.num_m_blocks * self.num_seqs * self.num_heads
 
     def grid(self, num_ctas=None) -> tuple:
-        """The launch grid: one CTA per tile, or ``num_ctas`` persistent CTAs."""
+        """The launch grid: ``num_ctas`` persistent CTAs, or one CTA per tile."""
         if self.persistent:
             return (num_ctas, 1, 1)
+        if self.lpt:
+            return (self.num_tiles(), 1, 1)
         return (self.num_m_blocks, self.num_seqs, self.num_heads)
 
     @cute.jit
@@ -49,8 +77,7 @@ class TileScheduler:
         if cutlass.const_expr(self.persistent):
             first, _, _ = cute.arch.block_idx()
             stride, _, _ = cute.arch.grid_dim()
-            num_tiles = self.num_m_blocks * self.num_seqs * self.num_heads
-            for tile in cutlass.range(first, num_tiles, stride, unroll=1):
+            for tile in cutlass.range(first, self.num_tiles(), stride, unroll=1):
                 carried = body(*self.coords(tile), carried)
                 between()
         else:
@@ -60,14 +87,29 @@ class TileScheduler:
     def tile(self) -> tuple:
         """This CTA's one tile (a grid of one CTA per tile)."""
         assert not self.persistent, "a persistent CTA takes its tiles from for_each_tile"
-        return self._coords(*cute.arch.block_idx())
+        if self.lpt:
+            return self._longest_first_coords(cute.arch.block_idx()[0])
+        m_block, seq, head = cute.arch.block_idx()
+        return longest_first(m_block, self.num_m_blocks, self.windowed), seq, head
 
     def coords(self, tile) -> tuple:
-        """``(m_block, seq, head)`` of the ``tile``-th tile in launch order (row blocks of a
-        head together); plain arithmetic, for DSL values or Python ints."""
-        return self._coords(tile % self.num_m_blocks,
-                            (tile // self.num_m_blocks) % self.num_seqs,
-                            tile // (self.num_m_blocks * self.num_seqs))
+        """``(m_block, seq, head)`` of the ``tile``-th tile in launch order; plain arithmetic,
+        for DSL values or Python ints."""
+        if self.lpt:
+            return self._longest_first_coords(tile)
+        return (longest_first(tile % self.num_m_blocks, self.num_m_blocks, self.windowed),
+                (tile // self.num_m_blocks) % self.num_seqs,
+                tile // (self.num_m_blocks * self.num_seqs))
 
-    def _coords(self, m_block, seq, head) -> tuple:
-        return longest_first(m_block, self.num_m_blocks, self.windowed), seq, head
+    def _longest_first_coords(self, tile) -> tuple:
+        # (sequence, head) pairs are numbered head fastest, so a section holds whole GQA
+        # groups of one sequence; the last section may be narrower.
+        pairs = self.num_seqs * self.num_heads
+        section_tiles = self.section * self.num_m_blocks
+        section = tile // section_tiles
+        first_pair = section * self.section
+        width = cutlass.min(self.section, pairs - first_pair)
+        within = tile - section * section_tiles
+        pair = first_pair + within % width
+        m_block = longest_first(within // width, self.num_m_blocks, True)
+        return m_block, pair // self.num_heads, pair % self.num_heads

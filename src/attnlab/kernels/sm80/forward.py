@@ -152,7 +152,7 @@ class FlashForwardSm80(ForwardKernel):
         )
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
         grid = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], cfg.persistent,
-                             self.windowed).grid(t.num_ctas)
+                             self.windowed, cfg.lpt).grid(t.num_ctas)
         self.kernel(
             mQ, mK, mV, mO, mLSE, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, sQ_layout, sKV_layout, gmem_load, gmem_store,
@@ -218,8 +218,8 @@ class FlashForwardSm80(ForwardKernel):
                     SharedStorage, storage, kv_tma)
         # A persistent CTA carries its TMA barriers' phases (one bit per stage) from tile to
         # tile. Between tiles, the next tile's Q lands where this one's O was staged.
-        TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], self.cfg.persistent,
-                      self.windowed).for_each_tile(
+        self.tile_scheduler(num_m_blocks, num_seqs, mQ.shape[2], mQ.shape[2] // mK.shape[2],
+                            mK.shape[1], self.cfg.persistent).for_each_tile(
             lambda m_block, seq, head, phases: self._tile(m_block, seq, head, phases,
                                                           *operands),
             cute.arch.sync_threads, cutlass.Int32(0) if self.cfg.persistent else 0)

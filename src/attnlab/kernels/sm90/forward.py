@@ -139,7 +139,8 @@ class FlashForwardSm90(ForwardKernel):
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
-        scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], False, self.windowed)
+        scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], False, self.windowed,
+                                  cfg.lpt)
         self.kernel(
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
@@ -176,8 +177,9 @@ class FlashForwardSm90(ForwardKernel):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_block, seq, head = TileScheduler(num_m_blocks, num_seqs, None, False,
-                                           self.windowed).tile()
+        m_block, seq, head = self.tile_scheduler(num_m_blocks, num_seqs, tma_q[1].shape[2],
+                                                 heads_per_kv, tma_k[1].shape[0],
+                                                 False).tile()
         head_kv = head // heads_per_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
