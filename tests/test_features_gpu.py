@@ -550,6 +550,22 @@ def test_wgmma_fence_p(head_dim, block_n, window):
     check_dense(q, k, v, window=window, config=config)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
+def test_wgmma_rescale_o_before_pv(head_dim, window):
+    """O rescaled for block j-1's maxima before its P V (``rescale_o_before_pv``): one K/V
+    block (only the prologue and the epilogue's P V), many, masks, packed sequences."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        rescale_o_before_pv=True)
+    for seqlen_k in (40, 517):
+        q, k, v = dense_inputs(2, 333, seqlen_k, 8, 2, head_dim, torch.bfloat16,
+                               seed=head_dim + seqlen_k)
+        check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.float16, config, head_dim)
+
+
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

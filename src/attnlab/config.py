@@ -135,6 +135,11 @@ class FlashConfig:
             B_c that is not a power of two ptxas otherwise sinks P's conversion in between
             the MMAs and issues them one k-step group at a time (docs/ladder.md, twelfth
             session).
+        rescale_o_before_pv: (wgmma with intra_wg_overlap) rescale O for the previous
+            block's row maxima while this block's S = Q K^T is on the tensor cores, before the
+            previous block's O += P V is issued (FA3/FA4 do so at head dims above 128),
+            instead of once that P V has completed, where the multiplies (D / 2 per thread and
+            block) stand between the MMAs' completion and the next block.
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -167,6 +172,7 @@ class FlashConfig:
     intra_wg_overlap: bool = False
     pingpong: bool = False
     fence_p: bool = False
+    rescale_o_before_pv: bool = False
     lpt: bool = False
 
     def __post_init__(self) -> None:
@@ -236,9 +242,10 @@ class FlashConfig:
             )
         if self.wgmma:
             self._check_wgmma()
-        elif self.intra_wg_overlap or self.pingpong or self.fence_p:
-            raise ConfigError("intra_wg_overlap, pingpong and fence_p schedule warpgroup MMAs: "
-                              "they need wgmma")
+        elif (self.intra_wg_overlap or self.pingpong or self.fence_p
+              or self.rescale_o_before_pv):
+            raise ConfigError("intra_wg_overlap, pingpong, fence_p and rescale_o_before_pv "
+                              "schedule warpgroup MMAs: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -255,6 +262,9 @@ class FlashConfig:
                 f"num_warps={self.num_warps}")
         if not self.tma_kv_loads:
             raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
+        if self.rescale_o_before_pv and not self.intra_wg_overlap:
+            raise ConfigError("rescale_o_before_pv moves O's rescale under the next block's "
+                              "Q K^T: it needs intra_wg_overlap")
         if self.pingpong and self.num_warps == 4:
             raise ConfigError("pingpong takes turns between consumer warpgroups: it needs two "
                               "or three (num_warps 8 or 12), got one")
@@ -294,7 +304,8 @@ class FlashConfig:
             flags = ["wgmma", "tma", f"kv_stages_{self.kv_stages}"]
             if self.fused_softmax:
                 flags.append("opt_softmax")
-            flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p", "lpt")
+            flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
+                                        "rescale_o_before_pv", "lpt")
                       if getattr(self, name)]
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []

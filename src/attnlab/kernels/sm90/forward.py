@@ -26,6 +26,9 @@ straight from the S registers, O normalised once); what changes is who does the 
   while both are on the tensor cores (``_overlapped_blocks``). ``pingpong``: the two consumer
   warpgroups take turns at the tensor cores (round robin, one named barrier each), so one's
   softmax runs under the others' MMAs (``_turn_begin`` / ``_turn_end``).
+  ``rescale_o_before_pv`` (with the overlap): O is rescaled for block j-1's maxima while
+  block j's S = Q K^T runs, before block j-1's P V is issued, instead of after that P V
+  completes, where the rescale (D / 2 multiplies per thread per block) delays the next turn.
 * **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
   three share the registers three ways (160 each), enough at small head dims, where a taller
   tile loads K and V once for more rows.
@@ -377,6 +380,9 @@ class FlashForwardSm90(ForwardKernel):
                             window_left, window_right, self.windowed)
             softmax.update(acc_S, acc_O, first=True)
             self._convert_p(acc_S, rP)
+            if cutlass.const_expr(cfg.rescale_o_before_pv):
+                # O is still zero: the first block's rescale, applied before its P V, is 1.
+                corrections.fill(1.0)
             v_state = state.clone()
             state.advance()
             blocks = (rP, corrections, *operands)
@@ -391,6 +397,8 @@ class FlashForwardSm90(ForwardKernel):
                     for n_block in cutlass.range(lo, hi, unroll=1):
                         state, v_state = self._overlapped_block(n_block, state, v_state,
                                                                 *blocks, masked=False)
+            if cutlass.const_expr(cfg.rescale_o_before_pv):
+                softmax.rescale_o(acc_O, corrections)
             pipes[1].consumer_wait(v_state)
             self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                        tOrV[None, None, None, v_state.index], zero_init=False)
@@ -404,9 +412,14 @@ class FlashForwardSm90(ForwardKernel):
                           pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q, seqlen_k,
                           window_left, window_right, wg, masked: cutlass.Constexpr):
         """Block ``n_block``'s S and the previous block's O += P V (``v_state``'s V stage) in
-        flight together; returns the ring states of the next block and of this one's V."""
+        flight together; returns the ring states of the next block and of this one's V.
+        ``corrections``: O's row factors for the previous block's maxima, applied after that
+        block's P V, or with ``rescale_o_before_pv`` before it, while S is computed (then
+        ``corrections`` carries the factors from one block to the next)."""
         cfg = self.cfg
         acc_S = self._start_s(state, mma_qk, thr_qk, tSrQ, tSrK, pipes, wg)
+        if cutlass.const_expr(cfg.rescale_o_before_pv):
+            softmax.rescale_o(acc_O, corrections)
         pipes[1].consumer_wait(v_state)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, v_state.index], zero_init=False, wait=False)
@@ -419,7 +432,8 @@ class FlashForwardSm90(ForwardKernel):
         softmax.step(acc_S, corrections)
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
-        softmax.rescale_o(acc_O, corrections)
+        if cutlass.const_expr(not cfg.rescale_o_before_pv):
+            softmax.rescale_o(acc_O, corrections)
         self._convert_p(acc_S, rP)
         v_state = state.clone()
         state.advance()
