@@ -373,9 +373,12 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 
 
 def test_overlap_and_pingpong_are_wgmma_knobs():
-    for knob in ("intra_wg_overlap", "pingpong", "fence_p"):
+    for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv"):
         with pytest.raises(ConfigError, match="need wgmma"):
             ladder.k07.replace(**{knob: True})
+    with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
+        policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False,
+                                                  rescale_o_before_pv=True)
     with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
@@ -405,3 +408,22 @@ def test_fence_p_issues_each_p_v_gemm_as_one_group(head_dim, block_n, windowed, 
     assert ops[True]["WARPGROUP"] == 2 * 2 * copies  # an ARRIVE and a DEPBAR per GEMM
     assert ops[False]["WARPGROUP"] > ops[True]["WARPGROUP"]
     assert ops[True]["PRMT"] < ops[False]["PRMT"]
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_rescale_o_before_pv_moves_the_rescale_under_q_k(head_dim, artifact_dir):
+    """``rescale_o_before_pv``: O's rescale is issued before each P V instead of after it, so
+    the loop bodies keep one rescale each and the last block's P V after the loop gains one:
+    D / 2 more FMULs per thread (a warpgroup's 64 x D accumulator over 128 threads; ptxas
+    may add a stray one), the same HGMMAs and warpgroup groups, no spill."""
+    base = policy.default_for("sm_90a", head_dim)
+    ops = {}
+    for before in (False, True):
+        art = compile_config(base.replace(rescale_o_before_pv=before), "sm_90a",
+                             head_dim=head_dim, out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        ops[before] = histogram(parse(sass_text))
+        assert not read_resources(art.cubin, sass_text).spills
+    assert 0 <= ops[True]["FMUL"] - ops[False]["FMUL"] - head_dim // 2 <= 2
+    assert ops[True]["HGMMA"] == ops[False]["HGMMA"]
+    assert ops[True]["WARPGROUP"] == ops[False]["WARPGROUP"]

@@ -6,7 +6,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlab.kernels.common.tile_scheduler import (
-    L2_KV_BYTES,
     TileScheduler,
     heads_per_section,
     longest_first,
@@ -69,11 +68,12 @@ def test_masked_order_is_longest_first_per_l2_section(m_blocks, seqs, heads, sec
 
 
 def test_heads_per_section_fits_l2_in_whole_groups():
-    row = 2 * 128 * 2  # K and V rows of hd128 in 16 bits
-    assert heads_per_section(4096, row, 1) == L2_KV_BYTES // row // 4096
-    assert heads_per_section(4096, row, 4) == 4 * (L2_KV_BYTES // row // 4096)
-    # A K/V head larger than L2 still makes a section of one group.
-    assert heads_per_section(1 << 22, row, 8) == 8
+    row = 2 * 128 * 2  # K and V rows of hd128 in 16 bits: 2 MiB per head at 4k keys
+    assert heads_per_section(4096, row, 1, 40 << 20) == 20
+    assert heads_per_section(4096, row, 4, 40 << 20) == 4 * 20
+    assert heads_per_section(4096, row, 1, 16 << 20) == 8
+    # A K/V head larger than the section still makes a section of one group.
+    assert heads_per_section(1 << 22, row, 8, 40 << 20) == 8
 
 
 def test_grid_and_longest_first():

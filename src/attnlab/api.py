@@ -205,6 +205,10 @@ class _EagerCall:
         if self.return_lse:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            # In the graph, so that a backward says why it cannot run (ops.NO_BACKWARD).
+            outputs = ops.NoBackward.apply(q, k, v, *((out, lse) if self.return_lse else (out,)))
+            return outputs if self.return_lse else outputs[0]
         return (out, lse) if self.return_lse else out
 
 

@@ -144,6 +144,9 @@ class FlashConfig:
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
             (``kernels/common/tile_scheduler.py``). No effect without a mask.
+        l2_section_mb: with ``lpt``, the K and V bytes (MiB) one L2 section of heads may
+            keep resident: fewer heads per section read K/V from L2 more often, more heads
+            leave fewer tiles of the tail unbalanced.
     """
 
     block_m: int = 64
@@ -174,6 +177,7 @@ class FlashConfig:
     fence_p: bool = False
     rescale_o_before_pv: bool = False
     lpt: bool = False
+    l2_section_mb: int = 40
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -235,6 +239,10 @@ class FlashConfig:
                 f"row_sum_chains must be an int from 1 to block_n / 4 = {per_row} (a thread's "
                 f"elements of one row), got {self.row_sum_chains!r}"
             )
+        if (not isinstance(self.l2_section_mb, int) or isinstance(self.l2_section_mb, bool)
+                or not 1 <= self.l2_section_mb <= 64):
+            raise ConfigError(f"l2_section_mb must be an int from 1 to 64 (MiB of K/V per L2 "
+                              f"section), got {self.l2_section_mb!r}")
         if self.tma_kv_loads and not (self.eager_kv_loads and self.swizzle == "xor"):
             raise ConfigError(
                 "tma_kv_loads needs eager_kv_loads (a TMA copy is asynchronous) and the xor "
@@ -305,8 +313,9 @@ class FlashConfig:
             if self.fused_softmax:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
-                                        "rescale_o_before_pv", "lpt")
+                                        "rescale_o_before_pv")
                       if getattr(self, name)]
+            flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:
@@ -347,9 +356,14 @@ class FlashConfig:
             flags.append("tma_kv")
         if self.interleave_softmax:
             flags.append("interleave_softmax")
-        if self.lpt:
-            flags.append("lpt")
+        flags += self._lpt_flags()
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
+
+    def _lpt_flags(self) -> list[str]:
+        if not self.lpt:
+            return []
+        default = FlashConfig.__dataclass_fields__["l2_section_mb"].default
+        return ["lpt" if self.l2_section_mb == default else f"lpt_l2_{self.l2_section_mb}mb"]
 
     # ----------------------------------------------------------------------------------------
     def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:

@@ -148,6 +148,32 @@ def _attention_fwd_out_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return new_lse(q, varlen=cu_seqlens_q is not None)
 
 
+#: What a backward through attnlab says until it has one (issue 20): raised when autograd
+#: reaches an attention output, not at the forward, so forward-only use of tensors that
+#: require grad (e.g. evaluation with grad mode on) keeps working.
+NO_BACKWARD = ("attnlab has no backward pass yet: the gradient of an attnlab attention output "
+               "with respect to q, k or v cannot be computed. Call it under torch.no_grad() "
+               "(or on detached inputs) for inference, or use "
+               "torch.nn.functional.scaled_dot_product_attention to train.")
+
+
+class NoBackward(torch.autograd.Function):
+    """Joins eager outputs to q, k and v in the autograd graph, with a backward that raises
+    ``NO_BACKWARD`` (a graph-less output would fail far away, in torch's "does not require
+    grad"). Traced calls keep torch's own error for a custom op without an autograd formula:
+    one registered here would be traced, and raise, at the compiled forward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(o.view_as(o) for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        raise NotImplementedError(NO_BACKWARD)
+
+
+
 # --------------------------------------------------------------------------------------------
 def _forward(
     q: torch.Tensor,

@@ -50,8 +50,8 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: a mask only with the longest-first order over L2 sections (``lpt``: +5% at hd64, +10% at
 #: hd32; without it the taller tile's longer tail cancels its gain). P pinned (``fence_p``) at
 #: B_c 80 and 96: without it ptxas splits the P V MMAs and hd256 B_c 80 runs at half speed.
-#: ``lpt`` measured -5% at hd128 (its sections' K/V crowd L2 out), so hd128 keeps the
-#: per-head order.
+#: ``lpt`` measured -5% at hd128 with 40 MiB sections and -1% with 8-16 MiB, so hd128 keeps the
+#: per-head order; hd256 gains 4% more with 16 MiB sections (8 heads at 4k) than with 40.
 _M192 = {"block_m": 192, "num_warps": 12}
 _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (32, False): {**_M192, "block_n": 128, "kv_stages": 3},
@@ -65,7 +65,8 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
     (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True},
-    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True},
+    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
+                  "l2_section_mb": 16},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
 #: per-head order. At seq 1k the three-warpgroup, longest-first hd64 tile measured 0.81x of

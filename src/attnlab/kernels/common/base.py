@@ -68,7 +68,7 @@ class ForwardKernel:
             if cutlass.const_expr(self.varlen):
                 kv_rows = cutlass.max(kv_rows // num_seqs, 1)
             section = heads_per_section(kv_rows, 2 * self.head_dim * self.dtype.width // 8,
-                                        heads_per_kv)
+                                        heads_per_kv, self.cfg.l2_section_mb << 20)
         return TileScheduler(num_m_blocks, num_seqs, num_heads, persistent, self.windowed,
                              self.cfg.lpt, section)
 

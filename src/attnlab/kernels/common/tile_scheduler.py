@@ -23,10 +23,6 @@ The launch order depends on the mask:
 import cutlass
 import cutlass.cute as cute
 
-#: K and V bytes an L2 section may keep resident (H100 and H200: 50 MB of L2, part of which
-#: Q, O and other SMs' traffic take).
-L2_KV_BYTES = 40 << 20
-
 
 def longest_first(m_block, num_m_blocks, windowed: bool):
     """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
@@ -34,11 +30,12 @@ def longest_first(m_block, num_m_blocks, windowed: bool):
     return num_m_blocks - 1 - m_block if windowed else m_block
 
 
-def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv):
+def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int):
     """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that
-    share a K/V head), as many K/V heads as fit in ``L2_KV_BYTES`` (at least one).
-    ``kv_rows``: keys per sequence; ``kv_row_bytes``: bytes of one key's K and V rows."""
-    return cutlass.max(L2_KV_BYTES // kv_row_bytes // kv_rows, 1) * heads_per_kv
+    share a K/V head), as many K/V heads as fit in ``section_bytes`` (at least one; H100 and
+    H200 have 50 MB of L2, part of which Q, O and the other traffic take). ``kv_rows``: keys
+    per sequence; ``kv_row_bytes``: bytes of one key's K and V rows."""
+    return cutlass.max(section_bytes // kv_row_bytes // kv_rows, 1) * heads_per_kv
 
 
 class TileScheduler:
