@@ -27,9 +27,7 @@ from attnlab.policy import default_for
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
 #: ``{}`` is the default itself.
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {
-    head_dim: {"default": {}, **{f"lpt_l2_{mb}mb": {"lpt": True, "l2_section_mb": mb}
-                                 for mb in (40, 16, 8)}}
-    for head_dim in (64, 128, 256)}
+    head_dim: {"default": {}} for head_dim in (64, 128, 192, 256)}
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:

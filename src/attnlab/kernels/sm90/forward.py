@@ -86,6 +86,13 @@ def fence_registers(t: cute.Tensor) -> None:
                                                  "", "=r,0", has_side_effects=True))
 
 
+def uniform_stage(state) -> cutlass.Int32:
+    """A ring state's stage index, marked warp-uniform: the shared-memory descriptors of the
+    stage's wgmma operands are then built in uniform registers (the loop-carried index alone
+    does not tell ptxas so)."""
+    return cute.arch.make_warp_uniform(state.index)
+
+
 class FlashForwardSm90(ForwardKernel):
     """Compile-time description of one Hopper forward kernel (a ``ForwardSpec`` of a
     ``wgmma`` config); launched like every ``ForwardKernel``."""
@@ -280,11 +287,18 @@ class FlashForwardSm90(ForwardKernel):
         """A consumer warpgroup: its 64 rows of S = Q K^T, softmax and O += P V per block,
         then its share of the epilogue."""
         cfg, D = self.cfg, self.head_dim
+        # This consumer warpgroup's index (0 to num_consumers - 1), uniform over its warps.
+        wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         thr_qk = mma_qk.get_slice(ctidx)
         thr_pv = mma_pv.get_slice(ctidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, 0]))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        # The shared-memory operands' descriptors depend on the warpgroup only: sliced by a
+        # warp-uniform index (as FA4 does), and indexed by a warp-uniform stage
+        # (``uniform_stage``), ptxas can build them in uniform registers.
+        wg_qk = mma_qk.get_slice(wg * 128)
+        wg_pv = mma_pv.get_slice(wg * 128)
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ[None, None, 0]))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(sV))
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((cfg.block_m, D)),
                                       cutlass.Float32)
         # Zero also for a CTA that sees no key (its epilogue writes this O).
@@ -295,8 +309,6 @@ class FlashForwardSm90(ForwardKernel):
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
-        # This consumer warpgroup's index (0 to num_consumers - 1), uniform over its warps.
-        wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         if cutlass.const_expr(cfg.pingpong):
             if wg == 0:
                 # The first turn at the tensor cores is warpgroup 0's.
@@ -352,7 +364,7 @@ class FlashForwardSm90(ForwardKernel):
         self._convert_p(acc_S, rP)
         pipes[1].consumer_wait(state)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                   tOrV[None, None, None, state.index], zero_init=False)
+                   tOrV[None, None, None, uniform_stage(state)], zero_init=False)
         pipes[1].consumer_release(state)
         state.advance()
         return state
@@ -373,7 +385,8 @@ class FlashForwardSm90(ForwardKernel):
         if n_min < n_max:
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             pipes[0].consumer_wait(state)
-            self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+            self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
+                       zero_init=True)
             pipes[0].consumer_release(state)
             # Masked whatever its phase: any block may be the first.
             mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
@@ -401,7 +414,7 @@ class FlashForwardSm90(ForwardKernel):
                 softmax.rescale_o(acc_O, corrections)
             pipes[1].consumer_wait(v_state)
             self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                       tOrV[None, None, None, v_state.index], zero_init=False)
+                       tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
             pipes[1].consumer_release(v_state)
 
     @cute.jit
@@ -422,7 +435,7 @@ class FlashForwardSm90(ForwardKernel):
             softmax.rescale_o(acc_O, corrections)
         pipes[1].consumer_wait(v_state)
         self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                   tOrV[None, None, None, v_state.index], zero_init=False, wait=False)
+                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False, wait=False)
         self._turn_end(wg)
         warpgroup.wait_group(1)  # S has landed; P V may still run
         pipes[0].consumer_release(state)
@@ -454,8 +467,8 @@ class FlashForwardSm90(ForwardKernel):
             thr_qk.partition_shape_C((self.cfg.block_m, self.cfg.block_n)), cutlass.Float32)
         pipes[0].consumer_wait(state)
         self._turn_begin(wg)
-        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True,
-                   wait=False)
+        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
+                   zero_init=True, wait=False)
         return acc_S
 
     def _turn_begin(self, wg):
