@@ -10,6 +10,8 @@
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
+#   backward attnlab bench --backward: training (forward + backward, backward alone) against the
+#            peers, issue 20's anchor shapes
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -50,6 +52,9 @@ case $mode in
     attnlab ladder --out "$OUT"
     attnlab ladder --dtype fp16 --seqlens 4096 --out "$OUT/fp16"
     ;;
+  backward)
+    attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16 --out "$OUT"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
@@ -59,5 +64,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
 esac

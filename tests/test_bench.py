@@ -346,3 +346,76 @@ def test_dispatched_impl_chooses_once_per_call_signature(recorder):
         run(q, q, q, 0.25, causal)
     assert [p.window for p in recorder.problems] == [(-1, -1), (-1, 0)]
     assert len(recorder.launches) == 4
+
+
+def test_work_flops_and_labels():
+    forward = Point(2, 512, 512, 4, 64)
+    both = Point(2, 512, 512, 4, 64, work="forward+backward")
+    alone = Point(2, 512, 512, 4, 64, work="backward", causal=True)
+    assert both.flops == 3.5 * forward.flops
+    assert alone.flops == 2.5 * forward.flops / 2
+    assert forward.label() + " forward+backward" == both.label()
+    assert alone.label().endswith("causal backward")
+    with pytest.raises(ValueError, match="work must be one of"):
+        Point(2, 512, 512, 4, 64, work="bwd")
+
+
+def _reference_attention(calls):
+    """A differentiable attention on the CPU (what a peer is to training_impl)."""
+    import torch
+
+    def run(q, k, v, scale, causal):
+        calls.append(q.shape)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+        return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float()).to(q.dtype)
+
+    return run
+
+
+def test_training_impl_times_a_backward_with_fresh_or_kept_graphs():
+    """forward+backward runs the forward every call; backward builds one graph per input set
+    and differentiates it again (retain_graph); the gradients match autograd's; one dO per
+    output shape; an implementation whose backward raises fails on its first call."""
+    import torch
+
+    from attnlab.bench.runner import training_impl
+
+    gen = torch.Generator().manual_seed(0)
+    sets = [tuple(torch.randn(1, 16, 2, 8, generator=gen) for _ in range(3)) for _ in range(2)]
+    calls: list = []
+    both = training_impl(_reference_attention(calls), "forward+backward")
+    alone = training_impl(_reference_attention(calls), "backward")
+    for _ in range(2):
+        for s in sets:
+            grads = both(*s, 0.3, False)
+    assert len(calls) == 4 and [g.shape for g in grads] == [t.shape for t in sets[1]]
+    calls.clear()
+    first = [alone(*s, 0.3, False) for s in sets]
+    again = [alone(*s, 0.3, False) for s in sets]
+    assert len(calls) == 2  # one forward per input set
+    for a, b in zip(first, again, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # The same gradients as autograd's, for the dO the wrapper drew (seeded alike).
+    torch.manual_seed(7)
+    grads = training_impl(_reference_attention([]), "forward+backward")(*sets[0], 0.3, False)
+    torch.manual_seed(7)
+    leaves = [t.clone().requires_grad_() for t in sets[0]]
+    out = _reference_attention([])(*leaves, 0.3, False)
+    expected = torch.autograd.grad(out, leaves, torch.randn_like(out))
+    assert all(torch.equal(g, e) and g.abs().sum() > 0
+               for g, e in zip(grads, expected, strict=True))
+
+    class NoBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError("no backward")
+
+    broken = training_impl(lambda q, k, v, scale, causal: NoBackward.apply(q), "backward")
+    with pytest.raises(NotImplementedError, match="no backward"):
+        broken(*sets[0], 0.3, False)
+    with pytest.raises(ValueError, match="times a backward"):
+        training_impl(_reference_attention([]), "forward")

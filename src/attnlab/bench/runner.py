@@ -35,6 +35,10 @@ REFERENCE = "sdpa_flash"
 #: ``fn(q, k, v, scale, causal)`` on BSHD tensors (k/v may have fewer heads).
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], object]
 
+#: What a point times, and its FLOPs in forwards: the backward's five GEMMs of the forward's
+#: size against the forward's two (the convention of the FlashAttention papers).
+WORK_FLOPS = {"forward": 1.0, "forward+backward": 3.5, "backward": 2.5}
+
 
 @dataclass(frozen=True)
 class Point:
@@ -48,6 +52,11 @@ class Point:
     dtype: str = "bfloat16"
     causal: bool = False
     heads_kv: int | None = None  # None: as many as the query heads (MHA)
+    work: str = "forward"  # a key of WORK_FLOPS
+
+    def __post_init__(self) -> None:
+        if self.work not in WORK_FLOPS:
+            raise ValueError(f"work must be one of {list(WORK_FLOPS)}, got {self.work!r}")
 
     @property
     def kv_heads(self) -> int:
@@ -55,8 +64,8 @@ class Point:
 
     @property
     def flops(self) -> float:
-        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k,
-                               self.head_dim, self.causal)
+        return WORK_FLOPS[self.work] * attention_flops(
+            self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -65,8 +74,9 @@ class Point:
     def label(self) -> str:
         causal = " causal" if self.causal else ""
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        work = "" if self.work == "forward" else f" {self.work}"
         return (f"{self.dtype} hd{self.head_dim} B={self.batch} H={self.heads}{gqa} "
-                f"Sq={self.seqlen_q} Sk={self.seqlen_k}{causal}")
+                f"Sq={self.seqlen_q} Sk={self.seqlen_k}{causal}{work}")
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,40 @@ def attnlab_impl(config: FlashConfig | None = None) -> AttentionFn:
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             causal: bool = False) -> torch.Tensor:
         return attention(q, k, v, softmax_scale=scale, causal=causal, config=config)
+
+    return run
+
+
+def training_impl(fn: AttentionFn, work: str) -> AttentionFn:
+    """``fn`` as training runs it: ``"forward+backward"`` is one forward on inputs that
+    require grad and ``torch.autograd.grad`` of its output for a random dO; ``"backward"``
+    is that gradient alone, from a graph built once per input set (``retain_graph``) and
+    kept. dO is random, one per output shape. An implementation without a backward fails
+    on its first call, which ``measure_point`` records as its row's error."""
+    if work not in ("forward+backward", "backward"):
+        raise ValueError(f"training_impl times a backward, got work={work!r}")
+    grads: dict[tuple, torch.Tensor] = {}
+    graphs: dict[tuple, tuple] = {}
+
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                causal: bool) -> tuple:
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        out = fn(*leaves, scale, causal)
+        key = (out.shape, out.dtype, out.device)
+        if key not in grads:
+            grads[key] = torch.randn_like(out)
+        return out, leaves, grads[key]
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            causal: bool = False) -> tuple[torch.Tensor, ...]:
+        if work == "forward+backward":
+            out, leaves, grad = forward(q, k, v, scale, causal)
+            return torch.autograd.grad(out, leaves, grad)
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), scale, causal)
+        if key not in graphs:
+            graphs[key] = forward(q, k, v, scale, causal)
+        out, leaves, grad = graphs[key]
+        return torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
     return run
 

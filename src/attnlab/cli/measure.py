@@ -98,16 +98,23 @@ def bench(
     runs: int = typer.Option(30, min=20, help="Timed runs per measurement (median reported)."),
     host: bool = typer.Option(False, help="Time the host side instead: microseconds per call "
                               "on small problems, and a fresh process's first call."),
+    backward: bool = typer.Option(False, help="Time training instead: forward + backward, and "
+                                  "the backward alone (3.5x and 2.5x the forward's FLOPs)."),
     out: Path = OUT_OPTION,
 ) -> None:
     """attnlab against torch SDPA (flash, cudnn, efficient), FA4 and other installed peers.
 
     TFLOP/s end to end (host and device, back-to-back eager calls: what a user sees), with the
     device-only figure beside it."""
+    import dataclasses
+
     from attnlab.bench.report import bench_table, plot_bench, write_json
-    from attnlab.bench.runner import measure_grid, tokens_grid
+    from attnlab.bench.runner import measure_grid, tokens_grid, training_impl
 
     if host:
+        if backward:
+            raise typer.BadParameter("--host times forward calls; drop --backward",
+                                     param_hint="--backward")
         _bench_host(_bench_impls(config, impls), out)
         return
     if quick:
@@ -118,10 +125,17 @@ def bench(
     implementations = _bench_impls(config, impls)
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)
+    # Each kind of work times every implementation wrapped for it, on its own points.
+    works = ("forward+backward", "backward") if backward else ("forward",)
     with progress_bar() as progress:
-        task = progress.add_task("bench", total=len(points))
-        results = measure_grid(points, implementations, runs=runs,
-                               on_point=lambda p: progress.advance(task))
+        task = progress.add_task("bench", total=len(points) * len(works))
+        results = []
+        for work in works:
+            wrapped = implementations if work == "forward" else {
+                name: training_impl(fn, work) for name, fn in implementations.items()}
+            results += measure_grid([dataclasses.replace(p, work=work) for p in points],
+                                    wrapped, runs=runs,
+                                    on_point=lambda p: progress.advance(task))
     console.print(bench_table(results, title=_device_title("attnlab bench")))
     json_path = write_json(out / "bench.json", "bench", results)
     png_path = plot_bench(results, out / "bench.png")
