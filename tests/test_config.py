@@ -215,3 +215,13 @@ def test_tma_kv_loads_needs_sm90() -> None:
     with pytest.raises(ConfigError, match="tma_kv_loads needs the TMA unit of sm_90"):
         config.check_problem(128, "sm_80")
     assert config.short_name().endswith("+tma_kv")
+
+
+def test_l2_section_mb_sizes_only_the_longest_first_order():
+    assert FlashConfig(lpt=True, l2_section_mb=16).short_name().endswith("+lpt_l2_16mb")
+    assert FlashConfig(lpt=True).short_name().endswith("+lpt")
+    with pytest.raises(ConfigError, match="needs lpt"):
+        FlashConfig(l2_section_mb=16)
+    for bad in (0, 65, True, 8.0):
+        with pytest.raises(ConfigError, match="l2_section_mb must be"):
+            FlashConfig(lpt=True, l2_section_mb=bad)

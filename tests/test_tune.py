@@ -46,7 +46,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     wgmma = [c for c in hopper if c.wgmma]
     assert len(wgmma) == len(set(wgmma)) and set(hopper) == set(ampere) | set(wgmma)
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
-        assert policy.default_for("sm_90a", head_dim, windowed).replace(lpt=False) in wgmma
+        default = policy.default_for("sm_90a", head_dim, windowed)
+        assert default.replace(lpt=False, l2_section_mb=40) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2
@@ -59,8 +60,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert {c.fence_p for c in wide} == {False, True}
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64, True)
-    assert {c.lpt for c in masked} == {False, True}
-    assert len(masked) == 2 * len({c.replace(lpt=False) for c in masked})
+    assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
+    assert len(masked) == 3 * len({c.replace(lpt=False, l2_section_mb=40) for c in masked})
 
 
 @pytest.mark.parametrize("head_dim,windowed,dtype", [(128, False, "bfloat16"),

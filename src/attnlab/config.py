@@ -25,6 +25,8 @@ FRAG_COLS = 8
 
 #: Head dims the kernels serve (MMA tiles need multiples of 16; the swizzle atom 32).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
+#: MiB of K and V an L2 section of the longest-first order keeps by default (``lpt``).
+L2_SECTION_MB = 40
 SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
 #: Shared memory a CTA may use (bytes), per target architecture.
@@ -177,7 +179,7 @@ class FlashConfig:
     fence_p: bool = False
     rescale_o_before_pv: bool = False
     lpt: bool = False
-    l2_section_mb: int = 40
+    l2_section_mb: int = L2_SECTION_MB
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -243,6 +245,9 @@ class FlashConfig:
                 or not 1 <= self.l2_section_mb <= 64):
             raise ConfigError(f"l2_section_mb must be an int from 1 to 64 (MiB of K/V per L2 "
                               f"section), got {self.l2_section_mb!r}")
+        if not self.lpt and self.l2_section_mb != L2_SECTION_MB:
+            raise ConfigError("l2_section_mb sizes the sections of the longest-first order: it "
+                              "needs lpt")
         if self.tma_kv_loads and not (self.eager_kv_loads and self.swizzle == "xor"):
             raise ConfigError(
                 "tma_kv_loads needs eager_kv_loads (a TMA copy is asynchronous) and the xor "
@@ -362,8 +367,8 @@ class FlashConfig:
     def _lpt_flags(self) -> list[str]:
         if not self.lpt:
             return []
-        default = FlashConfig.__dataclass_fields__["l2_section_mb"].default
-        return ["lpt" if self.l2_section_mb == default else f"lpt_l2_{self.l2_section_mb}mb"]
+        return ["lpt" if self.l2_section_mb == L2_SECTION_MB
+                else f"lpt_l2_{self.l2_section_mb}mb"]
 
     # ----------------------------------------------------------------------------------------
     def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:

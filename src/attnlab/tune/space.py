@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 
-from attnlab.config import ConfigError, FlashConfig
+from attnlab.config import L2_SECTION_MB, ConfigError, FlashConfig
 from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family
 
 #: The wgmma kernel's search: consumer warpgroups (B_r = 64 each), B_c, ring stages.
 WGMMA_CONSUMERS = (1, 2, 3)
 WGMMA_BLOCK_N = (64, 80, 96, 128, 192)
 WGMMA_STAGES = (2, 3, 4)
+#: L2 section sizes (MiB of K/V) the refinement tries with the longest-first order.
+LPT_SECTION_MB = (L2_SECTION_MB, 16)
 
 
 def search_space(wide: bool = False, arch: str = "sm_80") -> list[FlashConfig]:
@@ -99,16 +101,19 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
                       windowed: bool) -> list[FlashConfig]:
     """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong);
     where B_c is not a power of two, with and without P pinned (``fence_p``: it changes how
-    ptxas issues the P V GEMM only at those widths); under a mask, in both tile orders
-    (``lpt``: it helped at some head dims and hurt at hd128)."""
+    ptxas issues the P V GEMM only at those widths); under a mask, in each tile order
+    (per head, or ``lpt`` with sections of ``LPT_SECTION_MB``: it helped at some head dims,
+    hurt at hd128, and its best section size moved with the head dim)."""
     fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
-    orders = (False, True) if windowed else (config.lpt,)
+    orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
+        else [(config.lpt, config.l2_section_mb)]
     around = []
-    for stages, overlap, pingpong, fence, lpt in itertools.product(
+    for stages, overlap, pingpong, fence, (lpt, section_mb) in itertools.product(
             WGMMA_STAGES, (False, True), (False, True), fences, orders):
         try:
             candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
-                                       pingpong=pingpong, fence_p=fence, lpt=lpt)
+                                       pingpong=pingpong, fence_p=fence, lpt=lpt,
+                                       l2_section_mb=section_mb)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:
