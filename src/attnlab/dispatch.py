@@ -55,17 +55,17 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses on ``gpu`` when the caller gives none."""
     from attnlab.tune.cache import seqlen_bucket
 
-    key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen,
-           seqlen_bucket(problem.seqlen_q))
+    bucket = seqlen_bucket(problem.seqlen_q)
+    key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen, bucket)
     config = _chosen.get(key)
     if config is None:
-        config = _chosen[key] = _choose(gpu, problem)
+        config = _chosen[key] = _choose(gpu, problem, bucket)
     return config
 
 
-def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
-    from attnlab.tune.cache import seqlen_bucket
-
+def _choose(gpu: DeviceInfo, problem: Problem, bucket: int) -> FlashConfig:
+    """The choice for ``problem``, whose query length falls in ``bucket`` (the choice is
+    memoised by bucket, so the default is looked up by it too)."""
     dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not
     # speak for it (their best knobs differ, docs/ladder.md).
@@ -76,6 +76,5 @@ def _choose(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
         return tuned
-    # By bucket, as the choice is memoised.
     return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
-                       seqlen_bucket(problem.seqlen_q))
+                       bucket)

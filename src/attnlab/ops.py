@@ -173,7 +173,6 @@ class NoBackward(torch.autograd.Function):
         raise NotImplementedError(NO_BACKWARD)
 
 
-
 # --------------------------------------------------------------------------------------------
 def _forward(
     q: torch.Tensor,

@@ -79,12 +79,11 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     256: {"block_n": 64, "kv_stages": 2},
 }
 LONG_MASKED_SEQLEN = 4096
+_FA3_SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
-    key: {**tile, "intra_wg_overlap": True, "pingpong": True}
-    for key, tile in _WGMMA_TILES.items()}
+    key: {**tile, **_FA3_SCHEDULE} for key, tile in _WGMMA_TILES.items()}
 SM90A_SHORT_MASKED_KNOBS: dict[int, dict[str, object]] = {
-    head_dim: {**tile, "intra_wg_overlap": True, "pingpong": True}
-    for head_dim, tile in _SHORT_MASKED_TILES.items()}
+    head_dim: {**tile, **_FA3_SCHEDULE} for head_dim, tile in _SHORT_MASKED_TILES.items()}
 
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
@@ -121,8 +120,6 @@ def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
                      if name not in TMA_RING and name not in INTERLEAVED_SOFTMAX}
         config = config.replace(**knobs)
     return config
-
-
 
 
 def default_specs(arch: str) -> list[ForwardSpec]:
