@@ -10,8 +10,9 @@
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
-#   backward attnlab bench --backward: training (forward + backward, backward alone) against the
-#            peers, issue 20's anchor shapes
+#   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
+#            attnlab bench --backward: training (forward + backward, backward alone) against the
+#            peers at issue 20's anchor shapes
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -53,6 +54,9 @@ case $mode in
     attnlab ladder --dtype fp16 --seqlens 4096 --out "$OUT/fp16"
     ;;
   backward)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_backward_gpu.py \
+      "tests/test_cli_gpu.py::test_bench_backward_times_training_of_attnlab_and_its_peers" \
+      2>&1 | tee -a "$log" | tail -25
     attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16 --out "$OUT"
     ;;
   explain)

@@ -304,24 +304,6 @@ def test_sdpa_matches_torch(seqlen_q, seqlen_k, is_causal):
 
 # --------------------------------------------------------------------------------------------
 # torch.compile and CUDA graphs: the same kernel, so results must be bit-identical to eager
-def test_backward_says_there_is_none_yet():
-    """Inputs that require grad: the output is in the graph and its backward raises
-    ``ops.NO_BACKWARD`` (not torch's "does not require grad"); the forward is unchanged.
-    Without grad (no_grad, detached inputs) there is no graph."""
-    q, k, v = dense_inputs(1, 200, 300, 4, 2, 64, torch.bfloat16, seed=12)
-    plain = attnlab.attention(q, k, v, causal=True)
-    assert plain.grad_fn is None
-    q.requires_grad_(True)
-    out, lse = attnlab.attention(q, k, v, causal=True, return_lse=True)
-    assert out.requires_grad and torch.equal(out.detach(), plain)
-    with pytest.raises(NotImplementedError, match="no backward pass yet"):
-        out.float().sum().backward()
-    with pytest.raises(NotImplementedError, match="no backward pass yet"):
-        lse.sum().backward()
-    with torch.no_grad():
-        assert attnlab.attention(q, k, v).grad_fn is None
-
-
 def test_torch_compile_fullgraph_equals_eager():
     torch.compiler.reset()
     q, k, v = dense_inputs(2, 300, 400, 8, 2, 128, torch.bfloat16, seed=5)

@@ -76,12 +76,36 @@ def test_op_schemas() -> None:
             "SymInt? max_seqlen_k, float softmax_scale, SymInt window_left, SymInt window_right, "
             "SymInt[] config_ints, str config_strs)")
     assert str(torch.ops.attnlab.attention_fwd.default._schema) == (
-        f"attnlab::attention_fwd(Tensor q, Tensor k, Tensor v, {tail} -> (Tensor, Tensor)"
+        f"attnlab::attention_fwd(Tensor q, Tensor k, Tensor v, {tail[:-1]}, "
+        "bool deterministic=False) -> (Tensor, Tensor)"
     )
     assert str(torch.ops.attnlab.attention_fwd_out.default._schema) == (
         f"attnlab::attention_fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a3!) out, {tail} "
         "-> Tensor"
     )
+    assert str(torch.ops.attnlab.attention_bwd.default._schema) == (
+        "attnlab::attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, "
+        "Tensor out, Tensor lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+        "SymInt? max_seqlen_q, SymInt? max_seqlen_k, float softmax_scale, SymInt window_left, "
+        "SymInt window_right, bool deterministic) -> (Tensor, Tensor, Tensor)"
+    )
+
+
+def test_autograd_wiring_on_meta_tensors() -> None:
+    """The forward op records its backward (the backward op, with the LSE's gradient), whose
+    fake implementation gives q/k/v-shaped gradients."""
+    def meta(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16, device="meta", requires_grad=True)
+
+    q, k, v = meta(2, 128, 4, 64), meta(2, 96, 2, 64), meta(2, 96, 2, 64)
+    out, lse = ops.attention_fwd(q, k, v, *DENSE_ARGS)
+    grads = torch.autograd.grad(out.float().sum() + lse.sum(), (q, k, v))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    dout = torch.empty(2, 128, 4, 64, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(ops.attention_bwd, (dout, None, q.detach(), k.detach(), v.detach(),
+                                              out.detach(), lse.detach(), *DENSE_ARGS[:7],
+                                              False), test_utils=("test_schema",
+                                                                  "test_faketensor"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,8 +42,10 @@ def attention(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Attention ``softmax(scale * Q K^T + mask) V`` on the GPU (FlashAttention-2 forward).
+    """Attention ``softmax(scale * Q K^T + mask) V`` on the GPU (FlashAttention-2), with its
+    gradient.
 
     Args:
         q: ``[B, Sq, Hq, D]`` CUDA tensor, float16 or bfloat16.
@@ -67,6 +69,13 @@ def attention(
             (through a mutating custom op) and CUDA graphs.
         config: the kernel configuration; ``None`` picks the default for the GPU and problem
             at launch time.
+        deterministic: make the backward's dQ bitwise repeatable (its K/V blocks add their
+            parts in a fixed order instead of as they finish; slower).
+
+    Differentiable (eager and under torch.compile) with respect to q, k and v, through
+    ``out`` and ``lse``, at head dims up to 128 (``attnlab.backward_config.
+    BACKWARD_HEAD_DIMS``; a backward at a larger one raises attnlab.ConfigError). A call
+    with ``out=`` is not differentiable.
 
     Returns:
         ``out`` (a new contiguous ``[B, Sq, Hq, D]`` tensor in q's dtype unless one was given),
@@ -86,7 +95,7 @@ def attention(
         attnlab.ConfigError: (a ValueError) the config cannot serve this head dim on this GPU,
             e.g. its tiles overflow shared memory.
     """
-    options = (softmax_scale, causal, window_size, config)
+    options = (softmax_scale, causal, window_size, config, deterministic)
     if torch.compiler.is_compiling():
         return _traced(q, k, v, None, None, None, None, options, return_lse, out)
     key, call = _lookup(lambda: (
@@ -97,7 +106,7 @@ def attention(
         _check_config_type(config)
         problem = check_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                window_size=window_size, out=out, check_pointers=False)
-        call = _new_call(key, q, k, v, out, problem, config, return_lse)
+        call = _new_call(key, q, k, v, out, problem, options, return_lse, None, None)
     return call(q, k, v, out)
 
 
@@ -117,6 +126,7 @@ def attention_varlen(
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
     check_cu_seqlens: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`attention` over a batch of sequences of different lengths, packed without padding.
 
@@ -145,7 +155,7 @@ def attention_varlen(
         TypeError, ValueError, attnlab.ConfigError: as :func:`attention`, and for bad offsets
             or max lengths (see :func:`attnlab.validation.check_varlen_inputs`).
     """
-    options = (softmax_scale, causal, window_size, config)
+    options = (softmax_scale, causal, window_size, config, deterministic)
     if torch.compiler.is_compiling():
         return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        options, return_lse, out, check_cu_seqlens)
@@ -161,7 +171,8 @@ def attention_varlen(
                                       max_seqlen_k, softmax_scale=softmax_scale,
                                       causal=causal, window_size=window_size, out=out,
                                       check_pointers=False)
-        call = _new_call(key, q, k, v, out, problem, config, return_lse)
+        call = _new_call(key, q, k, v, out, problem, options, return_lse, max_seqlen_q,
+                         max_seqlen_k)
     if check_cu_seqlens:
         check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                 max_seqlen_q, max_seqlen_k)
@@ -177,23 +188,32 @@ def _check_config_type(config: object) -> None:
 
 
 class _EagerCall:
-    """What an eager call of one signature does after validation: allocate, launch, return."""
+    """What an eager call of one signature does after validation: allocate, launch, return;
+    or, when autograd has to record it, call the differentiable forward op."""
 
-    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "return_lse")
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "return_lse",
+                 "op_args")
 
     def __init__(self, launch: runtime.Launch, q: torch.Tensor, varlen: bool,
-                 return_lse: bool):
+                 return_lse: bool, op_args: tuple):
         self.launch = launch
         self.out_shape = q.shape
         self.lse_shape = ops.lse_shape(q, varlen)
         self.dtype = q.dtype
         self.device = q.device
         self.return_lse = return_lse
+        self.op_args = op_args
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None = None,
                  cu_seqlens_k: torch.Tensor | None = None
                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            if out is not None:
+                raise RuntimeError(ops.NO_OUT_BACKWARD)
+            check_data_pointers(q, k, v)
+            out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *self.op_args)
+            return (out, lse) if self.return_lse else out
         if out is None:
             # Addresses are the one thing validation could not see: check them per call.
             if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % COPY_ALIGN_BYTES:
@@ -205,10 +225,6 @@ class _EagerCall:
         if self.return_lse:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            # In the graph, so that a backward says why it cannot run (ops.NO_BACKWARD).
-            outputs = ops.NoBackward.apply(q, k, v, *((out, lse) if self.return_lse else (out,)))
-            return outputs if self.return_lse else outputs[0]
         return (out, lse) if self.return_lse else out
 
 
@@ -227,14 +243,25 @@ def _lookup(signature: Callable[[], tuple]) -> tuple[tuple | None, _EagerCall | 
 
 
 def _new_call(key: tuple | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              out: torch.Tensor | None, problem: Problem, config: FlashConfig | None,
-              return_lse: bool) -> _EagerCall:
+              out: torch.Tensor | None, problem: Problem, options: tuple, return_lse: bool,
+              max_seqlen_q: int | None, max_seqlen_k: int | None) -> _EagerCall:
     """The call of a validated signature, remembered under ``key`` (unless None)."""
+    config, deterministic = options[3], options[4]
     call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
-                      problem.varlen, return_lse)
+                      problem.varlen, return_lse,
+                      _op_args(problem, config, deterministic, max_seqlen_q, max_seqlen_k))
     if key is not None:
         runtime.remember(_calls, key, call)
     return call
+
+
+def _op_args(problem: Problem, config: FlashConfig | None, deterministic: bool,
+             max_seqlen_q: int | None, max_seqlen_k: int | None) -> tuple:
+    """``attention_fwd``'s arguments after q, k, v and the offsets."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
+    return (max_seqlen_q, max_seqlen_k, problem.softmax_scale, *problem.window,
+            *ops.encode_config(config), deterministic)
 
 
 def forget_calls() -> None:
@@ -249,7 +276,7 @@ def _traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             return_lse: bool, out: torch.Tensor | None, check_cu_seqlens: bool = False) -> Any:
     """The torch.compile path: validate while tracing, then the forward custom op (the
     mutating one when the caller gave ``out``)."""
-    softmax_scale, causal, window_size, config = options
+    softmax_scale, causal, window_size, config, deterministic = options
     _check_config_type(config)
     common = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                   out=out, check_pointers=False)
@@ -261,10 +288,12 @@ def _traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              "torch.compile cannot trace; check them before the compiled call")
         problem = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, **common)
-    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, problem.softmax_scale,
-            *problem.window, *ops.encode_config(config))
+    args = (cu_seqlens_q, cu_seqlens_k,
+            *_op_args(problem, config, deterministic, max_seqlen_q, max_seqlen_k))
     if out is None:
         out, lse = ops.attention_fwd(q, k, v, *args)
     else:
-        lse = ops.attention_fwd_out(q, k, v, out, *args)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise RuntimeError(ops.NO_OUT_BACKWARD)
+        lse = ops.attention_fwd_out(q, k, v, out, *args[:-1])
     return (out, lse) if return_lse else out

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config import FlashConfig
-from attnlab.kernels.abi import ForwardSpec, fake_forward_args
+from attnlab.kernels.abi import (
+    BackwardSpec,
+    ForwardSpec,
+    fake_backward_args,
+    fake_forward_args,
+)
 
 
 def kernel_class(config: FlashConfig) -> type:
@@ -56,6 +61,22 @@ def compile_forward(spec: ForwardSpec, dump_dir: str | Path | None = None) -> An
     kernel = kernel_class(spec.config)(spec)
     return compile_kernel(kernel, tuple(fake_forward_args(spec)), arch=spec.arch,
                           opt_level=spec.config.ptxas_opt_level, dump_dir=dump_dir)
+
+
+def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> Any:
+    """The backward kernel of ``spec``, compiled (see :func:`compile_kernel`)."""
+    from attnlab.kernels.sm80.backward import FlashBackwardSm80
+
+    spec.config.check_problem(spec.head_dim, spec.arch)
+    return compile_kernel(FlashBackwardSm80(spec), tuple(fake_backward_args(spec)),
+                          arch=spec.arch, dump_dir=dump_dir)
+
+
+def compile_spec(spec: ForwardSpec | BackwardSpec, dump_dir: str | Path | None = None) -> Any:
+    """The kernel of a forward or backward spec, compiled."""
+    if isinstance(spec, BackwardSpec):
+        return compile_backward(spec, dump_dir)
+    return compile_forward(spec, dump_dir)
 
 
 def dumped_binary(dump_dir: str | Path) -> tuple[Path, Path | None]:

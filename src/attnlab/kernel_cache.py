@@ -1,10 +1,11 @@
 """Compiled kernels, kept in memory for the process and on disk across processes.
 
-A kernel is compiled once per :class:`~attnlab.kernels.abi.ForwardSpec` (everything that
-changes its binary). The first process to need it compiles it (seconds to a minute, logged
-once on the ``attnlab`` logger) and exports it with the CuTe DSL's ahead-of-time export: an
-object file, linked into a shared library when a C compiler is at hand. Later processes load
-that library through TVM-FFI in milliseconds, without importing the CuTe DSL at all.
+A kernel is compiled once per spec (:class:`~attnlab.kernels.abi.ForwardSpec` or
+:class:`~attnlab.kernels.abi.BackwardSpec`: everything that changes its binary). The first
+process to need it compiles it (seconds to a minute, logged once on the ``attnlab`` logger)
+and exports it with the CuTe DSL's ahead-of-time export: an object file, linked into a shared
+library when a C compiler is at hand. Later processes load that library through TVM-FFI in
+milliseconds, without importing the CuTe DSL at all.
 
 Layout: ``<root>/<fingerprint>/<digest>.{so,o,json}``. The root is ``$ATTNLAB_CACHE_DIR`` or
 the per-user cache directory (platformdirs); the fingerprint covers the kernel sources, the
@@ -38,7 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec, spec_from_dict
+
+#: Either kind of kernel spec.
+Spec = ForwardSpec | BackwardSpec
 
 logger = logging.getLogger("attnlab")
 
@@ -50,7 +54,7 @@ EXPORTED_FUNCTION = "attnlab_kernel"
 LOCK_TIMEOUT_S = 900.0
 _PACKAGE = Path(__file__).resolve().parent
 #: Sources that shape a binary: the kernels, the config's derived sizes, the compile options.
-_FINGERPRINT_SOURCES = ("kernels", "config.py", "jit.py")
+_FINGERPRINT_SOURCES = ("kernels", "config.py", "backward_config.py", "jit.py")
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class CompiledKernel:
     """
 
     fn: Callable[..., Any]
-    spec: ForwardSpec
+    spec: Spec
     registers: int | None
     compile_seconds: float | None
 
@@ -91,7 +95,7 @@ def fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def spec_digest(spec: ForwardSpec) -> str:
+def spec_digest(spec: Spec) -> str:
     """Hash of a spec (with the DSL release): the name of its cache entries."""
     payload = json.dumps([spec.to_dict(), dsl_version()], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -116,11 +120,11 @@ def cache_dir() -> Path:
     return cache_root() / fingerprint()
 
 
-_memory: dict[ForwardSpec, CompiledKernel] = {}
+_memory: dict[Spec, CompiledKernel] = {}
 _compiling = threading.Lock()
 
 
-def get(spec: ForwardSpec) -> CompiledKernel:
+def get(spec: Spec) -> CompiledKernel:
     """The compiled kernel of ``spec``: from memory, from disk, or compiled now.
 
     Raises:
@@ -141,7 +145,7 @@ def clear_memory() -> None:
     _memory.clear()
 
 
-def _load_or_compile(spec: ForwardSpec) -> CompiledKernel:
+def _load_or_compile(spec: Spec) -> CompiledKernel:
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     digest = spec_digest(spec)
@@ -181,13 +185,13 @@ def _file_lock(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def _compile(spec: ForwardSpec, publish_as: Path | None = None) -> CompiledKernel:
+def _compile(spec: Spec, publish_as: Path | None = None) -> CompiledKernel:
     """Compile ``spec``; with ``publish_as`` (a path stem), export it there."""
-    from attnlab.jit import compile_forward, dumped_binary
+    from attnlab.jit import compile_spec, dumped_binary
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as dump_dir:
-        fn = compile_forward(spec, dump_dir)
+        fn = compile_spec(spec, dump_dir)
         seconds = time.perf_counter() - start
         registers = _registers(dumped_binary(dump_dir)[0])
     logger.info("compiled %s in %.1f s", describe(spec), seconds)
@@ -210,7 +214,7 @@ def _registers(cubin: Path) -> int | None:
         return None
 
 
-def describe(spec: ForwardSpec) -> str:
+def describe(spec: Spec) -> str:
     """One line naming a spec (for logs and tables)."""
     return (f"{spec.config.short_name()} {spec.arch} {spec.dtype} hd{spec.head_dim}"
             f"{spec.variant()}")
@@ -260,7 +264,7 @@ def _link(obj: Path, lib: Path) -> bool:
     return result.returncode == 0
 
 
-def _load(folder: Path, digest: str, spec: ForwardSpec) -> CompiledKernel | None:
+def _load(folder: Path, digest: str, spec: Spec) -> CompiledKernel | None:
     meta_path = folder / f"{digest}.json"
     if not meta_path.exists():
         return None
@@ -297,7 +301,7 @@ class Entry:
     """One kernel on disk (``attnlab cache --show``)."""
 
     digest: str
-    spec: ForwardSpec | None
+    spec: Spec | None
     registers: int | None
     compile_seconds: float
     bytes: int
@@ -316,7 +320,7 @@ def entries() -> list[Entry]:
     for meta_path in sorted(root.glob("*/*.json")):
         try:
             meta = json.loads(meta_path.read_text())
-            spec = ForwardSpec.from_dict(meta["spec"])
+            spec = spec_from_dict(meta["spec"])
         except Exception:  # an entry of another attnlab version may not parse here
             meta, spec = {}, None
         size = sum(p.stat().st_size for p in meta_path.parent.glob(meta_path.stem + ".*"))
@@ -338,8 +342,8 @@ def clear() -> int:
     return count
 
 
-def warm(specs: list[ForwardSpec], jobs: int = 1,
-         on_done: Callable[[ForwardSpec, float | None], None] | None = None) -> None:
+def warm(specs: list[Spec], jobs: int = 1,
+         on_done: Callable[[Spec, float | None], None] | None = None) -> None:
     """Compile ``specs`` into the disk cache, ``jobs`` processes at a time (the cache's file
     locks keep them from compiling one spec twice). ``on_done(spec, seconds)`` follows each
     one (seconds None when it was already cached)."""
@@ -363,5 +367,5 @@ def warm(specs: list[ForwardSpec], jobs: int = 1,
                 on_done(futures[future], seconds)
 
 
-def _compile_seconds(spec: ForwardSpec) -> float | None:
+def _compile_seconds(spec: Spec) -> float | None:
     return get(spec).compile_seconds

@@ -1,4 +1,5 @@
-"""The forward pass as torch custom ops, so torch.compile traces it and CUDA graphs capture it.
+"""The forward and backward passes as torch custom ops, so torch.compile traces them (and keeps
+them in the compiled graph, backward included) and CUDA graphs capture them.
 
 Two ops, each taking dense (BSHD) and packed varlen inputs alike, as
 :func:`attnlab.runtime.forward` does (the ``cu_seqlens`` are None for dense):
@@ -7,6 +8,11 @@ Two ops, each taking dense (BSHD) and packed varlen inputs alike, as
   caller gives no ``out``.
 * ``attnlab::attention_fwd_out`` writes the caller's ``out`` (declared mutated) and returns
   ``lse``.
+
+``attnlab::attention_fwd`` is differentiable: its autograd formula (``torch.library.
+register_autograd``) saves q, k, v, out and lse and calls ``attnlab::attention_bwd``
+(:func:`attnlab.backward.attention_backward`), eager and compiled alike. The mutating op is not
+differentiable, as torch's own ``out=`` functions are not.
 
 Their fake (meta) implementations allocate exactly what the real ones do, so torch.compile
 sees the right shapes, dtypes and strides without running a kernel. The real implementation is
@@ -102,8 +108,10 @@ def attention_fwd(
     window_right: int,
     config_ints: list[int],
     config_strs: str,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward attention on validated inputs into new ``(out, lse)``; see the module docstring."""
+    """Forward attention on validated inputs into new ``(out, lse)``; see the module docstring.
+    ``deterministic`` is for the backward (its dQ sums in a fixed order)."""
     out, lse = new_out(q), new_lse(q, varlen=cu_seqlens_q is not None)
     _forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
              softmax_scale, window_left, window_right, config_ints, config_strs)
@@ -148,29 +156,60 @@ def _attention_fwd_out_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return new_lse(q, varlen=cu_seqlens_q is not None)
 
 
-#: What a backward through attnlab says until it has one (issue 20): raised when autograd
-#: reaches an attention output, not at the forward, so forward-only use of tensors that
-#: require grad (e.g. evaluation with grad mode on) keeps working.
-NO_BACKWARD = ("attnlab has no backward pass yet: the gradient of an attnlab attention output "
-               "with respect to q, k or v cannot be computed. Call it under torch.no_grad() "
-               "(or on detached inputs) for inference, or use "
-               "torch.nn.functional.scaled_dot_product_attention to train.")
+@torch.library.custom_op("attnlab::attention_bwd", mutates_args=())
+def attention_bwd(
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of one ``attention_fwd`` call (:func:`attnlab.backward.
+    attention_backward`)."""
+    from attnlab.backward import attention_backward
+
+    return attention_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q, max_seqlen_k, softmax_scale,
+                              (window_left, window_right), deterministic)
 
 
-class NoBackward(torch.autograd.Function):
-    """Joins eager outputs to q, k and v in the autograd graph, with a backward that raises
-    ``NO_BACKWARD`` (a graph-less output would fail far away, in torch's "does not require
-    grad"). Traced calls keep torch's own error for a custom op without an autograd formula:
-    one registered here would be traced, and raise, at the compiled forward."""
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor,
+                        k: torch.Tensor, v: torch.Tensor, *_: object
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return new_out(q), new_out(k), new_out(v)
 
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(o.view_as(o) for o in outputs)
 
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
-        raise NotImplementedError(NO_BACKWARD)
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, _, _, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, left, right, deterministic)
+
+
+def _backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None) -> tuple:
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+    return (dq, dk, dv) + (None,) * 10
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+#: Why a call that writes the caller's ``out`` has no gradient.
+NO_OUT_BACKWARD = ("attnlab attention with out= is not differentiable (as torch's out= "
+                   "functions are not): call it without out= to train, or under "
+                   "torch.no_grad() / on detached inputs")
 
 
 # --------------------------------------------------------------------------------------------

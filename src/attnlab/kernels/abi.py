@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
 
 #: (row, head) strides of q, k, v and out, in elements: what a ``static_strides`` kernel is
@@ -145,41 +146,161 @@ class ForwardArgs(NamedTuple):
 def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
     """Compile-time stand-ins for a launch's arguments under ``spec`` (no GPU, no memory)."""
     import cutlass
+
+    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    tiles = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen,
+                               spec.strides[i] if spec.strides is not None else None)
+             for i in range(4)]
+    lse = _fake_row_stats(spec.varlen) if spec.with_lse else None
+    cu_q = cu_k = None
+    if spec.varlen:
+        cu_q, cu_k = _fake_cu_seqlens(), _fake_cu_seqlens()
+    return ForwardArgs(
+        *tiles, lse, cu_q, cu_k, cutlass.Float32(1.0),
+        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
+        cutlass.Int32(1) if spec.config.persistent else None)
+
+
+@dataclass(frozen=True)
+class BackwardSpec:
+    """What one compiled backward kernel is specialised on (as :class:`ForwardSpec`).
+
+    ``deterministic``: dQ's partial sums from the K/V blocks are added in block order (each
+    CTA waits for its turn on a per-query-block counter) instead of as they come, so the
+    gradients are bitwise repeatable.
+    """
+
+    config: BackwardConfig
+    arch: str
+    dtype: str
+    head_dim: int
+    windowed: bool = False
+    varlen: bool = False
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.config, BackwardConfig):
+            raise TypeError(f"config must be a BackwardConfig, got {type(self.config).__name__}")
+
+    def variant(self) -> str:
+        return "".join(name for name, on in (("_win", self.windowed), ("_varlen", self.varlen),
+                                             ("_det", self.deterministic)) if on)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": "backward", "config": self.config.to_dict(), "arch": self.arch,
+                "dtype": self.dtype, "head_dim": self.head_dim, "windowed": self.windowed,
+                "varlen": self.varlen, "deterministic": self.deterministic}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BackwardSpec:
+        return cls(BackwardConfig.from_dict(data["config"]), data["arch"], data["dtype"],
+                   data["head_dim"], data["windowed"], data["varlen"], data["deterministic"])
+
+
+def spec_from_dict(data: dict[str, Any]) -> ForwardSpec | BackwardSpec:
+    """The spec a ``to_dict`` wrote, forward or backward."""
+    return (BackwardSpec if data.get("kind") == "backward" else ForwardSpec).from_dict(data)
+
+
+class BackwardArgs(NamedTuple):
+    """The backward launch's arguments, in order (the stream is the caller's current one).
+
+    Attributes:
+        q, k, v, dout: as the forward's q/k/v/out (dout is O's gradient, laid out like q).
+        lse_log2, dpsum: fp32 ``[B, Hq, R]`` dense or ``[Hq, R]`` packed, R at least the
+            query rows rounded up to a whole query block (packed: ``total_q`` plus one block):
+            the forward's LSE times log2(e) (+inf for a row that saw no key) and
+            ``rowsum(dO * O)``, both from the preprocess.
+        dq_accum: fp32, q's shape, zeroed: dQ / softmax_scale, added to by every K/V block.
+        dk, dv: k's and v's shape and dtype, written whole.
+        cu_seqlens_q, cu_seqlens_k: as the forward's.
+        softmax_scale, window_left, window_right: as the forward's.
+        max_seqlen_k: the longest key sequence: sizes the grid.
+        semaphores: int32, one per (sequence, query head, query block), zeroed, for
+            ``deterministic``; None otherwise.
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    dout: Any
+    lse_log2: Any
+    dpsum: Any
+    dq_accum: Any
+    dk: Any
+    dv: Any
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    softmax_scale: Any
+    window_left: Any
+    window_right: Any
+    max_seqlen_k: Any
+    semaphores: Any
+
+
+def _fake_rows_tensor(dtype, head_dim: int, varlen: bool, strides=None):
+    """A symbolic q/k/v-like tensor: ``[B, S, H, D]`` or ``[total, H, D]``."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    def row_head_strides() -> tuple:
+        if strides is not None:
+            return strides
+        return (cute.sym_int32(divisibility=STRIDE_DIVISIBILITY),
+                cute.sym_int32(divisibility=STRIDE_DIVISIBILITY))
+
+    if varlen:
+        shape, stride = (cute.sym_int(), cute.sym_int()), row_head_strides()
+    else:
+        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int())
+        stride = (cute.sym_int64(divisibility=STRIDE_DIVISIBILITY), *row_head_strides())
+    return make_fake_tensor(dtype, (*shape, head_dim), stride=(*stride, 1),
+                            assumed_align=TILE_ALIGN_BYTES)
+
+
+def _fake_row_stats(varlen: bool):
+    """A symbolic fp32 per-row tensor ``[B, H, S]`` or ``[H, total]`` (the LSE's layout)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    # One symbol per size (a repeated symbol would make TVM-FFI require equal sizes).
+    rows = 2 if varlen else 3
+    stride = (cute.sym_int64(), *(cute.sym_int32() for _ in range(rows - 2)), 1)
+    return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(rows)),
+                            stride=stride, assumed_align=4)
+
+
+def _fake_cu_seqlens():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+
+
+def fake_backward_args(spec: BackwardSpec) -> BackwardArgs:
+    """Compile-time stand-ins for a backward launch's arguments under ``spec``."""
+    import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
     elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
-
-    def strides_of(which: int) -> tuple:
-        if spec.strides is not None:
-            return spec.strides[which]
-        return (cute.sym_int32(divisibility=STRIDE_DIVISIBILITY),
-                cute.sym_int32(divisibility=STRIDE_DIVISIBILITY))
-
-    def tile_tensor(which: int):
-        if spec.varlen:
-            shape, stride = (cute.sym_int(), cute.sym_int()), strides_of(which)
-        else:
-            shape = (cute.sym_int(), cute.sym_int(), cute.sym_int())
-            stride = (cute.sym_int64(divisibility=STRIDE_DIVISIBILITY), *strides_of(which))
-        return make_fake_tensor(elem, (*shape, spec.head_dim), stride=(*stride, 1),
-                                assumed_align=TILE_ALIGN_BYTES)
-
-    lse = None
-    if spec.with_lse:
-        # One symbol per size (a repeated symbol would make TVM-FFI require equal sizes).
-        rows = 2 if spec.varlen else 3
-        lse_stride = (cute.sym_int64(), *(cute.sym_int32() for _ in range(rows - 2)), 1)
-        lse = make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(rows)),
-                               stride=lse_stride, assumed_align=4)
+    tiles = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen) for _ in range(4)]
+    dq_accum = _fake_rows_tensor(cutlass.Float32, spec.head_dim, spec.varlen)
+    grads = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen) for _ in range(2)]
     cu_q = cu_k = None
     if spec.varlen:
-        cu_q, cu_k = (make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,),
-                                       assumed_align=4) for _ in range(2))
-    return ForwardArgs(
-        *(tile_tensor(i) for i in range(4)), lse, cu_q, cu_k, cutlass.Float32(1.0),
-        cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
-        cutlass.Int32(1) if spec.config.persistent else None)
+        cu_q, cu_k = _fake_cu_seqlens(), _fake_cu_seqlens()
+    semaphores = None
+    if spec.deterministic:
+        semaphores = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,),
+                                      assumed_align=4)
+    return BackwardArgs(*tiles, _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen),
+                        dq_accum, *grads, cu_q, cu_k, cutlass.Float32(1.0), cutlass.Int32(0),
+                        cutlass.Int32(0), cutlass.Int32(1), semaphores)
 
 
 def encode_window(window: tuple[int, int]) -> tuple[int, int]:

@@ -47,7 +47,7 @@ class ForwardKernel:
         """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
         num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
         # The same arguments, the tensors as the kernels index them.
-        views = ForwardArgs(*problem_tensors(q, k, v, out, lse, self.varlen), cu_seqlens_q,
+        views = ForwardArgs(*problem_tensors((q, k, v, out, lse), self.varlen), cu_seqlens_q,
                             cu_seqlens_k, softmax_scale, window_left, window_right,
                             max_seqlen_q, num_ctas)
         self.launch(views, num_seqs, stream)

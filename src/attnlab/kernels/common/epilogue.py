@@ -30,11 +30,18 @@ def stage_o(acc_O: cute.Tensor, sO: cute.Tensor, tiled_mma: cute.TiledMma, tidx,
     makes sure nothing still reads ``sO`` (it is Q's space in both kernels)."""
     rO = cute.make_fragment_like(acc_O, dtype)
     rO.store(acc_O.load().to(dtype))
+    store_fragment(rO, sO, tiled_mma, tidx)
+
+
+@cute.jit
+def store_fragment(rC: cute.Tensor, sC: cute.Tensor, tiled_mma: cute.TiledMma, tidx):
+    """A 16-bit fragment in ``tiled_mma``'s accumulator layout into its shared-memory tile."""
     # 4-byte stores: a thread's accumulator holds column pairs.
-    r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype,
-                                                     num_bits_per_copy=32), tiled_mma)
+    r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
+                                                     rC.element_type, num_bits_per_copy=32),
+                                 tiled_mma)
     thr_r2s = r2s.get_slice(tidx)
-    cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+    cute.copy(r2s, thr_r2s.retile(rC), thr_r2s.partition_D(sC))
 
 
 @cute.jit

@@ -98,3 +98,42 @@ def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                     s_mn[r, c] = -cutlass.Float32.inf
                 if col < lo:
                     s_mn[r, c] = -cutlass.Float32.inf
+
+
+# The backward's transposed frame: rows are keys, columns queries. Row j sees query i iff
+# j - off - right <= i <= j - off + left: the forward's band with the roles of Sq/Sk and of
+# left/right exchanged, so the same three functions serve it with their arguments swapped.
+def query_block_range(key0, seqlen_q, seqlen_k, left, right, block_n: int, block_m: int,
+                      windowed: bool):
+    """``[m_min, m_max)``: the query blocks that see some key of ``[key0, key0 + block_n)``."""
+    return kv_block_range(key0, seqlen_k, seqlen_q, right, left, block_n, block_m, windowed)
+
+
+@cute.jit
+def masked_query_bounds(key0, seqlen_q, seqlen_k, left, right, m_min, m_max,
+                        block_n: cutlass.Constexpr, block_m: cutlass.Constexpr,
+                        windowed: cutlass.Constexpr):
+    """:func:`masked_block_bounds` of a K/V block's query walk; every block is masked when the
+    K/V block runs past Sk (its zero-filled keys would otherwise get a probability)."""
+    left_end, right_start = masked_block_bounds(key0, seqlen_k, seqlen_q, right, left, m_min,
+                                                m_max, block_n, block_m, windowed)
+    if key0 + block_n > seqlen_k:
+        left_end = m_min
+        right_start = m_min
+    return left_end, right_start
+
+
+@cute.jit
+def apply_mask_transposed(acc_St: cute.Tensor, tScS_mn: cute.Tensor, key0: cutlass.Int32,
+                          query0: cutlass.Int32, seqlen_q: cutlass.Int32,
+                          seqlen_k: cutlass.Int32, left: cutlass.Int32, right: cutlass.Int32,
+                          windowed: cutlass.Constexpr):
+    """:func:`apply_mask` on S^T (``tScS_mn``: local (key, query) of each element), and the
+    keys past Sk."""
+    apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed)
+    s_mn = acc_mn_view(acc_St)
+    keys_left = seqlen_k - key0
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        if tScS_mn[r, 0][0] >= keys_left:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                s_mn[r, c] = -cutlass.Float32.inf

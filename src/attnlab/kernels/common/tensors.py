@@ -27,11 +27,9 @@ def _with_batch_mode(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.make_layout((1, *t.shape), stride=(0, *t.stride)))
 
 
-def problem_tensors(q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                    lse: cute.Tensor | None, varlen: bool) -> tuple:
-    """``(mQ, mK, mV, mO, mLSE)``: Q/K/V/O as (batch, rows, heads, head_dim), the LSE as
-    (batch, head, row) or None when the launch writes none."""
-    tensors = (q, k, v, out, lse)
+def problem_tensors(tensors: tuple, varlen: bool) -> tuple:
+    """The launch's tensors as the kernels index them: Q/K/V/O-like tensors as (batch, rows,
+    heads, head_dim), per-row statistics (the LSE) as (batch, head, row); None stays None."""
     if varlen:
         tensors = tuple(t if t is None else _with_batch_mode(t) for t in tensors)
     return tensors
@@ -49,3 +47,34 @@ def sequence_rows(tensor: cute.Tensor, batch, start, head) -> cute.Tensor:
     offset = cute.assume(cutlass.Int64(start) * cutlass.Int64(rows.stride[0]),
                          divby=STRIDE_DIVISIBILITY)
     return cute.make_tensor(rows.iterator + offset, rows.layout)
+
+
+@cute.jit
+def load_rows(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
+              coord: cute.Tensor, rows_left: cutlass.Int32, tile_rows: cutlass.Constexpr,
+              unpredicated_full_tiles: cutlass.Constexpr = False):
+    """Copy a ``tile_rows``-row tile to shared memory, zero-filling rows past ``rows_left``.
+
+    Rows past the end are never read from global memory; zeros keep stale shared memory
+    (possibly NaN bit patterns) out of the MMAs. With ``unpredicated_full_tiles``, a tile
+    wholly inside the sequence takes one uniform branch to plain copies instead of a
+    predicated copy / zero-fill pair per row (both halves of a pair issue either way).
+    ``coord``: the tile coordinates of this thread's copies.
+    """
+    if cutlass.const_expr(unpredicated_full_tiles):
+        if rows_left >= tile_rows:
+            cute.copy(tiled_copy, src, dst)
+        else:
+            _load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
+    else:
+        _load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
+
+
+@cute.jit
+def _load_rows_predicated(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
+                          coord: cute.Tensor, rows_left: cutlass.Int32):
+    for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        if coord[0, m, 0][0] < rows_left:
+            cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
+        else:
+            dst[None, m, None].fill(0)

@@ -73,7 +73,7 @@ from attnlab.kernels.common.mask import (
     phase_masked,
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import sequence_rows
+from attnlab.kernels.common.tensors import load_rows, sequence_rows
 from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm80.ldmatrix_gemm import gemm
@@ -320,7 +320,8 @@ class FlashForwardSm80(ForwardKernel):
 
         # ---- prologue: Q (and K_0 when loads are eager) -----------------------------------
         q_rows_left = seqlen_q - row0
-        self._load_rows(gmem_load, tQgQ, tQsQ, tQcQ, q_rows_left, cfg.block_m)
+        load_rows(gmem_load, tQgQ, tQsQ, tQcQ, q_rows_left, cfg.block_m,
+                  cfg.unpredicated_full_tiles)
         # Kernel 13: walking the K/V blocks backwards takes the masked tail (and a causal
         # diagonal) first, while the row maxima are still being established.
         first_block = n_max - 1 if cfg.reverse_kv else n_min
@@ -526,8 +527,9 @@ class FlashForwardSm80(ForwardKernel):
             gmem_load, tiles, coord = kv_loads
             for t in which:
                 gmem, smem = tiles[t]
-                self._load_rows(gmem_load, gmem[None, None, None, n_block],
-                                smem[None, None, None, stage], coord, rows_left, cfg.block_n)
+                load_rows(gmem_load, gmem[None, None, None, n_block],
+                          smem[None, None, None, stage], coord, rows_left, cfg.block_n,
+                          cfg.unpredicated_full_tiles)
 
     @cute.jit
     def _await_kv(self, kv_loads, which: tuple, n_block, n_min, n_max, phases):
@@ -544,33 +546,6 @@ class FlashForwardSm80(ForwardKernel):
                 cute.arch.mbarrier_wait(
                     bars + t * cfg.kv_stages + stage,
                     tma_wait_parity(i, stage, cfg.kv_stages, phases if cfg.persistent else None))
-
-    @cute.jit
-    def _load_rows(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
-                   coord: cute.Tensor, rows_left: cutlass.Int32, tile_rows: cutlass.Constexpr):
-        """Copy a ``tile_rows``-row tile to shared memory, zero-filling rows past ``rows_left``.
-
-        Rows past the end are never read from global memory; zeros keep stale shared memory
-        (possibly NaN bit patterns) out of the MMAs. With ``unpredicated_full_tiles``, a tile
-        wholly inside the sequence takes one uniform branch to plain copies instead of a
-        predicated copy / zero-fill pair per row (both halves of a pair issue either way).
-        """
-        if cutlass.const_expr(self.cfg.unpredicated_full_tiles):
-            if rows_left >= tile_rows:
-                cute.copy(tiled_copy, src, dst)
-            else:
-                self._load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
-        else:
-            self._load_rows_predicated(tiled_copy, src, dst, coord, rows_left)
-
-    @cute.jit
-    def _load_rows_predicated(self, tiled_copy: cute.TiledCopy, src: cute.Tensor,
-                              dst: cute.Tensor, coord: cute.Tensor, rows_left: cutlass.Int32):
-        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
-            if coord[0, m, 0][0] < rows_left:
-                cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
-            else:
-                dst[None, m, None].fill(0)
 
     def _copies_by_cp_async(self, q: bool) -> bool:
         """Whether this thread has cp.async copies to commit or wait for: those of K/V

@@ -1,0 +1,119 @@
+"""The backward-kernel configuration: the tiles and warps of the FlashAttention-2 backward.
+
+The backward kernel (``kernels/sm80/backward.py``) works in the transposed frame: a CTA owns
+``block_n`` key rows (B_c) of one sequence and K/V head and walks the query blocks of
+``block_m`` rows (B_r) that see them. Its warps split B_c for S^T, dP^T, dV and dK (each warp
+keeps 16 key rows of dK and dV in registers for the whole walk) and split the B_r x D tile of
+dQ as ``dq_warps_m`` x the rest. A config describes how; the problem (dtype, head dim) comes
+with the spec, as for the forward's ``FlashConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from attnlab.config import MMA_M, SMEM_CAPACITY, ConfigError
+
+#: Head dims the backward serves: dK and dV of a warp's 16 key rows live in registers (D
+#: fp32 values per thread), which caps D at 128.
+BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Knobs of the ``mma.sync`` backward kernel.
+
+    Attributes:
+        block_m: B_r, query rows per step of the walk (a multiple of 16).
+        block_n: B_c, key rows per CTA: ``16 * num_warps`` (each warp owns 16 key rows).
+        num_warps: 4 or 8.
+        q_stages: shared-memory buffers of Q_i and dO_i: 2 loads the next query block while
+            this one computes; 1 loads it after (less shared memory, exposed latency).
+        dq_warps_m: warps along B_r in dQ += dS K (the rest split the head dim); 0 picks
+            ``min(num_warps, block_m / 16)``.
+    """
+
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 8
+    q_stages: int = 2
+    dq_warps_m: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_warps", "q_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.num_warps not in (4, 8):
+            raise ConfigError(f"num_warps must be 4 or 8, got {self.num_warps}")
+        if self.block_n != MMA_M * self.num_warps:
+            raise ConfigError(f"block_n must be 16 * num_warps = {MMA_M * self.num_warps} (each "
+                              f"warp owns 16 key rows), got {self.block_n}")
+        if self.block_m % MMA_M or not 16 <= self.block_m <= 128:
+            raise ConfigError(f"block_m must be a multiple of 16 from 16 to 128, got "
+                              f"{self.block_m}")
+        if self.q_stages not in (1, 2):
+            raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages}")
+        wm = self.dq_warps[0]
+        if self.num_warps % wm or self.block_m % (MMA_M * wm):
+            raise ConfigError(f"dq_warps_m={wm} must divide num_warps={self.num_warps} and "
+                              f"block_m / 16 = {self.block_m // MMA_M}")
+
+    @property
+    def dq_warps(self) -> tuple[int, int]:
+        """Warps of dQ += dS K along (B_r, D)."""
+        wm = self.dq_warps_m or min(self.num_warps, self.block_m // MMA_M)
+        return wm, self.num_warps // wm
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    def replace(self, **changes: object) -> BackwardConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> BackwardConfig:
+        return cls(**data)  # type: ignore[arg-type]
+
+    def short_name(self) -> str:
+        """E.g. ``bwd(64, 128, 8): q_stages_2``."""
+        flags = [f"q_stages_{self.q_stages}"]
+        if self.dq_warps_m:
+            flags.append(f"dq_warps_m_{self.dq_warps_m}")
+        return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """K and V, ``q_stages`` Q and dO tiles, and the dS^T tile."""
+        rows = 2 * self.block_n + 2 * self.q_stages * self.block_m
+        return (rows * head_dim + self.block_n * self.block_m) * elem_bytes
+
+    def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:
+        """Reject a config that cannot serve ``head_dim`` on ``arch`` (ConfigError)."""
+        if head_dim not in BACKWARD_HEAD_DIMS:
+            raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
+                              f"{head_dim}")
+        if head_dim % (16 * self.dq_warps[1]):
+            raise ConfigError(f"head_dim={head_dim} must split into {self.dq_warps[1]} "
+                              "16-column slices for dQ")
+        if arch is None:
+            return
+        capacity = SMEM_CAPACITY.get(arch)
+        if capacity is None:
+            raise ConfigError(f"unknown arch {arch!r}; known: {sorted(SMEM_CAPACITY)}")
+        if self.smem_bytes(head_dim) > capacity:
+            raise ConfigError(f"{self.short_name()} needs {self.smem_bytes(head_dim)} bytes "
+                              f"of shared memory at head_dim={head_dim}; {arch} allows "
+                              f"{capacity}")
+
+
+def default_backward(head_dim: int) -> BackwardConfig:
+    """The backward's default tile (FA2's for sm80: B_c = 128 over 8 warps, B_r = 64)."""
+    if head_dim not in BACKWARD_HEAD_DIMS:
+        raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
+                          f"{head_dim}")
+    return BackwardConfig()
