@@ -13,6 +13,8 @@
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
 #            peers at issue 20's anchor shapes
+#   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
+#            later arguments go to it)
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -59,6 +61,9 @@ case $mode in
       2>&1 | tee -a "$log" | tail -25
     attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16 --out "$OUT"
     ;;
+  bwdsweep)
+    python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
@@ -68,5 +73,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
 esac

@@ -271,3 +271,26 @@ def test_training_loop_loss_matches_sdpa():
     assert ours[-1] < ours[0] * 0.9, f"attnlab's loss does not fall: {ours}"
     for a, b in zip(ours, theirs, strict=True):
         assert abs(a - b) <= 0.02 * abs(b), f"loss curves diverge: {ours} vs {theirs}"
+
+
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)])
+def test_each_backward_kernel_matches_the_reference(wgmma, window):
+    """Both kernels where the GPU runs them (the mma.sync one on any sm80+ GPU, the wgmma
+    one on sm_90a), through ``backward.attention_backward`` with their config."""
+    from attnlab import backward, device
+    from attnlab.backward_config import BackwardConfig
+
+    if wgmma and device.info(torch.device("cuda")).arch != "sm_90a":
+        pytest.skip("the wgmma kernel needs sm_90a")
+    (q, k, v), dout = dense_case(2, 700, 900, 8, 2, 128, torch.bfloat16, seed=31)
+    scale = 1 / math.sqrt(128)
+    out, lse = attnlab.attention(q.detach(), k.detach(), v.detach(), window_size=window,
+                                 return_lse=True)
+    poison_allocator()
+    ours = backward.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
+                                       None, None, None, None, None, scale, window,
+                                       config=BackwardConfig(wgmma=wgmma))
+    ref = reference_grads(q, k, v, dout, window, scale)
+    theirs = [g.nan_to_num(0.0) for g in sdpa_grads(q, k, v, dout, window, scale)]
+    check_grads(ours, theirs, ref, f"wgmma={wgmma} {window}")

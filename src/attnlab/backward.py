@@ -66,14 +66,14 @@ def attention_backward(
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
-    if config is None:
-        config = default_backward(head_dim)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.shape[-3] == 0:
         # No key anywhere: every output row is 0 whatever q, k and v are.
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     gpu = device.info(q.device)
+    if config is None:
+        config = default_backward(head_dim, gpu.arch)
     config.check_problem(head_dim, gpu.arch)
     dout = dout.contiguous()
     rows = _padded_rows(q, varlen, config.block_m)

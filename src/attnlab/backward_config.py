@@ -32,6 +32,9 @@ class BackwardConfig:
             this one computes; 1 loads it after (less shared memory, exposed latency).
         dq_warps_m: warps along B_r in dQ += dS K (the rest split the head dim); 0 picks
             ``min(num_warps, block_m / 16)``.
+        wgmma: the Hopper kernel (sm_90a): two warpgroups of 64 key rows each (B_c = 128,
+            8 warps) issue warpgroup MMAs that read Q, dO, K, V and dS from shared memory
+            through descriptors; B_r = 64, and dQ's two warpgroups split the head dim.
     """
 
     block_m: int = 64
@@ -39,6 +42,7 @@ class BackwardConfig:
     num_warps: int = 8
     q_stages: int = 2
     dq_warps_m: int = 0
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "q_stages"):
@@ -55,6 +59,10 @@ class BackwardConfig:
                               f"{self.block_m}")
         if self.q_stages not in (1, 2):
             raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages}")
+        if self.wgmma and (self.block_m, self.block_n, self.num_warps, self.dq_warps_m) != (
+                64, 128, 8, 0):
+            raise ConfigError("wgmma needs block_m 64, block_n 128, num_warps 8 (two "
+                              "warpgroups of 64 key rows) and no dq_warps_m")
         wm = self.dq_warps[0]
         if self.num_warps % wm or self.block_m % (MMA_M * wm):
             raise ConfigError(f"dq_warps_m={wm} must divide num_warps={self.num_warps} and "
@@ -62,7 +70,8 @@ class BackwardConfig:
 
     @property
     def dq_warps(self) -> tuple[int, int]:
-        """Warps of dQ += dS K along (B_r, D)."""
+        """Warps of dQ += dS K along (B_r, D) (with wgmma: one warpgroup along B_r, its
+        four warps, and the two warpgroups along D)."""
         wm = self.dq_warps_m or min(self.num_warps, self.block_m // MMA_M)
         return wm, self.num_warps // wm
 
@@ -82,7 +91,8 @@ class BackwardConfig:
 
     def short_name(self) -> str:
         """E.g. ``bwd(64, 128, 8): q_stages_2``."""
-        flags = [f"q_stages_{self.q_stages}"]
+        flags = ["wgmma"] if self.wgmma else []
+        flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
@@ -102,6 +112,8 @@ class BackwardConfig:
                               "16-column slices for dQ")
         if arch is None:
             return
+        if self.wgmma and arch != "sm_90a":
+            raise ConfigError(f"wgmma needs sm_90a (warpgroup MMAs), not {arch}")
         capacity = SMEM_CAPACITY.get(arch)
         if capacity is None:
             raise ConfigError(f"unknown arch {arch!r}; known: {sorted(SMEM_CAPACITY)}")
@@ -111,9 +123,10 @@ class BackwardConfig:
                               f"{capacity}")
 
 
-def default_backward(head_dim: int) -> BackwardConfig:
-    """The backward's default tile (FA2's for sm80: B_c = 128 over 8 warps, B_r = 64)."""
+def default_backward(head_dim: int, arch: str = "sm_80") -> BackwardConfig:
+    """The backward's default: on sm_90a the wgmma kernel, elsewhere the mma.sync one with
+    FA2's sm80 tile (B_c = 128 over 8 warps, B_r = 64)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
-    return BackwardConfig()
+    return BackwardConfig(wgmma=arch == "sm_90a")

@@ -64,12 +64,15 @@ def compile_forward(spec: ForwardSpec, dump_dir: str | Path | None = None) -> An
 
 
 def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> Any:
-    """The backward kernel of ``spec``, compiled (see :func:`compile_kernel`)."""
-    from attnlab.kernels.sm80.backward import FlashBackwardSm80
-
+    """The backward kernel of ``spec``, compiled (see :func:`compile_kernel`): the wgmma
+    kernel or the mma.sync one."""
     spec.config.check_problem(spec.head_dim, spec.arch)
-    return compile_kernel(FlashBackwardSm80(spec), tuple(fake_backward_args(spec)),
-                          arch=spec.arch, dump_dir=dump_dir)
+    if spec.config.wgmma:
+        from attnlab.kernels.sm90.backward import FlashBackwardSm90 as kernel
+    else:
+        from attnlab.kernels.sm80.backward import FlashBackwardSm80 as kernel
+    return compile_kernel(kernel(spec), tuple(fake_backward_args(spec)), arch=spec.arch,
+                          dump_dir=dump_dir)
 
 
 def compile_spec(spec: ForwardSpec | BackwardSpec, dump_dir: str | Path | None = None) -> Any:

@@ -66,6 +66,7 @@ from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
 from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
+from attnlab.kernels.sm90.wgmma import wgmma_gemm
 
 #: Registers per thread after ``setmaxnreg``, by consumer warpgroups: the producer warpgroup
 #: gives its registers to the consumers (all warpgroups x 128 threads share the SM's 64K).
@@ -363,7 +364,7 @@ class FlashForwardSm90(ForwardKernel):
         rP = cute.make_fragment_like(acc_S, self.dtype)
         self._convert_p(acc_S, rP)
         pipes[1].consumer_wait(state)
-        self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+        wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, uniform_stage(state)], zero_init=False)
         pipes[1].consumer_release(state)
         state.advance()
@@ -385,7 +386,7 @@ class FlashForwardSm90(ForwardKernel):
         if n_min < n_max:
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             pipes[0].consumer_wait(state)
-            self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
+            wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
                        zero_init=True)
             pipes[0].consumer_release(state)
             # Masked whatever its phase: any block may be the first.
@@ -413,7 +414,7 @@ class FlashForwardSm90(ForwardKernel):
             if cutlass.const_expr(cfg.rescale_o_before_pv):
                 softmax.rescale_o(acc_O, corrections)
             pipes[1].consumer_wait(v_state)
-            self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+            wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                        tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
             pipes[1].consumer_release(v_state)
 
@@ -434,7 +435,7 @@ class FlashForwardSm90(ForwardKernel):
         if cutlass.const_expr(cfg.rescale_o_before_pv):
             softmax.rescale_o(acc_O, corrections)
         pipes[1].consumer_wait(v_state)
-        self._gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+        wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, uniform_stage(v_state)], zero_init=False, wait=False)
         self._turn_end(wg)
         warpgroup.wait_group(1)  # S has landed; P V may still run
@@ -467,7 +468,7 @@ class FlashForwardSm90(ForwardKernel):
             thr_qk.partition_shape_C((self.cfg.block_m, self.cfg.block_n)), cutlass.Float32)
         pipes[0].consumer_wait(state)
         self._turn_begin(wg)
-        self._gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
+        wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
                    zero_init=True, wait=False)
         return acc_S
 
@@ -483,22 +484,6 @@ class FlashForwardSm90(ForwardKernel):
             following = (1 - wg if self.num_consumers == 2
                          else (wg + 1) % self.num_consumers)
             NamedBarrier.SCHEDULER.arrive(TURN_THREADS, following)
-
-    def _gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-              tCrB: cute.Tensor, zero_init: bool, wait: bool = True):
-        """``acc (+)= A @ B`` as one batch (commit group) of wgmma k-steps; with ``wait``,
-        waited for before returning (the caller then reads ``acc`` or frees B's stage),
-        else the caller waits with ``warpgroup.wait_group``."""
-        # A fresh atom per call: its accumulate flag is runtime state, and setting it on the
-        # tiled MMA inside a loop would leave that state defined in the loop's region.
-        atom = cute.make_mma_atom(tiled_mma.op)
-        warpgroup.fence()
-        for k in range(cute.size(tCrA, mode=[2])):
-            atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-        warpgroup.commit_group()
-        if wait:
-            warpgroup.wait_group(0)
 
     @cute.jit
     def _store_o(self, o_store: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,

@@ -1,0 +1,102 @@
+"""Time backward-kernel candidates against the peers' backward, in one run (what
+``backward_config.default_backward`` is chosen from).
+
+Usage (GPU): python scripts/bwd_candidates.py [--head-dims 64,128] [--seqlens 2048,8192]
+[--masks plain,causal] [--out DIR]
+Per point (bf16, 16k tokens, hidden 2048), the backward alone: the peers (SDPA flash, cuDNN,
+FA4) through autograd from a kept graph, attnlab's candidates (``VARIANTS``: knob changes on
+the default) through ``backward.attention_backward`` on the forward's saved output, its
+pre- and postprocess included. TFLOP/s (2.5x the forward's FLOPs) end to end and device
+only; the numbers go to OUT/bwd_candidates.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from attnlab import backward, kernel_cache
+from attnlab.backward_config import BackwardConfig, default_backward
+from attnlab.bench.baselines import available_peers
+from attnlab.bench.runner import Point, measure_point, training_impl
+from attnlab.kernels.abi import BackwardSpec
+
+#: Candidates: knob changes on the default (``{}`` is the default itself).
+VARIANTS: dict[str, dict[str, object]] = {
+    "default": {},
+    "stages1": {"q_stages": 1},
+    "mma_sync": {"wgmma": False},
+}
+
+
+def candidate_impl(config: BackwardConfig):
+    """The backward alone, on the saved forward of each input set."""
+    import attnlab
+
+    saved: dict[tuple, tuple] = {}
+
+    def run(q, k, v, scale, causal=False):
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), causal)
+        if key not in saved:
+            out, lse = attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
+                                         return_lse=True)
+            saved[key] = (torch.randn_like(out), out, lse)
+        dout, out, lse = saved[key]
+        return backward.attention_backward(dout, q, k, v, out, lse, None, None, None, None,
+                                           None, scale, (-1, 0) if causal else (-1, -1),
+                                           config=config)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--seqlens", default="2048,8192")
+    parser.add_argument("--masks", default="plain,causal")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    names = args.variants.split(",")
+    points = [Point(16384 // s, s, s, 2048 // hd, hd, "bfloat16", mask == "causal",
+                    work="backward")
+              for hd in map(int, args.head_dims.split(","))
+              for s in map(int, args.seqlens.split(","))
+              for mask in args.masks.split(",")]
+
+    def configs(head_dim: int) -> dict[str, BackwardConfig]:
+        found = {}
+        for name in names:
+            try:
+                found[name] = default_backward(head_dim, "sm_90a").replace(**VARIANTS[name])
+                found[name].check_problem(head_dim, "sm_90a")
+            except ValueError as exc:
+                print(f"hd{head_dim} {name}: {exc}")
+                found.pop(name, None)
+        return found
+
+    kernel_cache.warm([BackwardSpec(cfg, "sm_90a", "bfloat16", p.head_dim, p.causal)
+                       for p in points for cfg in configs(p.head_dim).values()], jobs=16)
+    peers = {name: training_impl(fn, "backward") for name, fn in available_peers().items()
+             if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
+    rows = []
+    for point in points:
+        impls = {**peers, **{name: candidate_impl(cfg)
+                             for name, cfg in configs(point.head_dim).items()}}
+        results = measure_point(point, impls, runs=args.runs)
+        row = {"point": point.label(), "results": {
+            r.impl: [r.tflops, r.device_tflops, r.error] for r in results}}
+        rows.append(row)
+        cells = "  ".join(f"{r.impl} {r.tflops:.0f}({r.device_tflops:.0f})" if r.tflops
+                          else f"{r.impl} failed: {(r.error or '')[:80]}" for r in results)
+        print(f"{point.label()}: {cells}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bwd_candidates.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

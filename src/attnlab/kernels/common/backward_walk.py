@@ -1,0 +1,400 @@
+"""What both backward kernels share: the launch, the walk over query blocks and the math
+between the GEMMs (FlashAttention-2's backward, in the transposed frame).
+
+A CTA owns ``block_n`` key rows (B_c) of one sequence and K/V head, keeps K_j and V_j in
+shared memory and dK_j, dV_j in registers, and walks the query blocks i (B_r rows) that see
+them, for every query head of the K/V head's group (GQA sums the group's gradients in
+registers, no extra pass). Per block:
+
+* S^T = K_j Q_i^T and P^T = exp2(S^T * scale * log2 e - L_i * log2 e): P is recomputed from
+  the forward's log-sum-exp, with no running max or rescale;
+* dP^T = V_j dO_i^T and dS^T = P^T * (dP^T - D_i), D_i = rowsum(dO_i * O_i) (preprocess);
+* dV_j += P^T dO_i and dK_j += dS^T Q_i with P^T and dS^T straight from the accumulator
+  registers (the forward's P V trick);
+* dS^T goes to shared memory once, and dQ_i += dS K_j is added to an fp32 ``dq_accum`` with
+  ``red.global.add.f32``. ``deterministic`` makes the K/V blocks add in block order: each CTA
+  waits on a per-(sequence, head, query block) counter for the blocks before it.
+
+Q_i, dO_i, L_i and D_i are a ring of ``q_stages`` loaded by ``cp.async`` (the next block
+loads while this one computes). The mask is the forward's read the other way round
+(``mask.query_block_range``, ``masked_query_bounds``): blocks wholly inside the band run a
+body with no mask code. Rows past the sequences are zero-filled; the preprocess pads L and D
+to whole query blocks.
+
+An architecture's class supplies the shared-memory layouts and tensors, the tiled MMAs and
+the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``, ``gemm_s``,
+``gemm_dp``, ``gemm_dkv``, ``gemm_dq``, ``publish_ds``): ``mma.sync`` with ``ldmatrix``
+(``kernels/sm80/backward.py``) or warpgroup MMAs reading shared memory through descriptors
+(``kernels/sm90/backward.py``).
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
+
+from attnlab.kernels.abi import BackwardArgs, BackwardSpec
+from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.epilogue import stage_o, store_fragment, store_rows
+from attnlab.kernels.common.layouts import COPY_BITS, acc_mn_view, row_copy
+from attnlab.kernels.common.mask import (
+    apply_mask_transposed,
+    kv_block_range,
+    masked_query_bounds,
+    phase_bounds,
+    phase_masked,
+    query_block_range,
+)
+from attnlab.kernels.common.tensors import (
+    element_type,
+    load_rows,
+    problem_tensors,
+    sequence_rows,
+)
+
+LOG2_E = math.log2(math.e)
+
+
+def transposed(tile: cute.Tensor, rows: int, cols: int, stages: int | None = None
+               ) -> cute.Tensor:
+    """The (cols, rows[, stages]) view of a (rows, cols[, stages]) shared-memory tile."""
+    if stages is None:
+        return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+    return cute.composition(tile, cute.make_layout((cols, rows, stages),
+                                                   stride=(rows, 1, rows * cols)))
+
+
+class BackwardKernel:
+    """Compile-time description of one backward kernel (a ``BackwardSpec``); called
+    (through ``cute.compile``) with the ``kernels.abi.BackwardArgs`` and a stream."""
+
+    def __init__(self, spec: BackwardSpec):
+        spec.config.check_problem(spec.head_dim, arch=None)
+        self.cfg = spec.config
+        self.head_dim = spec.head_dim
+        self.dtype = element_type(spec.dtype)
+        self.windowed = spec.windowed
+        self.varlen = spec.varlen
+        self.deterministic = spec.deterministic
+
+    # ---- what an architecture supplies -------------------------------------------------------
+    def smem_layouts(self) -> tuple:
+        """Shared-memory layouts of (Q and dO stages, K and V, dS^T)."""
+        raise NotImplementedError
+
+    def smem_tensor(self, buffer, layout) -> cute.Tensor:
+        """A shared-memory buffer as a tensor of ``layout``."""
+        raise NotImplementedError
+
+    def tiled_mmas(self) -> tuple:
+        """The tiled MMAs: the first is S^T's (its accumulator partition is the elementwise
+        math's and dS^T's store), the last dQ's."""
+        raise NotImplementedError
+
+    def operands(self, tidx, mmas: tuple, tiles: tuple) -> tuple:
+        """This thread's fragments and copies of the GEMMs' operands; ``tiles``: sQ, sdO,
+        sK, sV, sdS and the transposed views sQt, sdOt, sKt, sdSt."""
+        raise NotImplementedError
+
+    # ---- host side -------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, dout: cute.Tensor,
+                 lse_log2: cute.Tensor, dpsum: cute.Tensor, dq_accum: cute.Tensor,
+                 dk: cute.Tensor, dv: cute.Tensor, cu_seqlens_q: cute.Tensor | None,
+                 cu_seqlens_k: cute.Tensor | None, softmax_scale: cutlass.Float32,
+                 window_left: cutlass.Int32, window_right: cutlass.Int32,
+                 max_seqlen_k: cutlass.Int32, semaphores: cute.Tensor | None,
+                 stream: cuda.CUstream):
+        """Launch on the arguments of ``kernels.abi.BackwardArgs`` (and the stream)."""
+        num_seqs = cu_seqlens_q.shape[0] - 1 if self.varlen else q.shape[0]
+        views = BackwardArgs(*problem_tensors((q, k, v, dout, lse_log2, dpsum, dq_accum, dk,
+                                               dv), self.varlen),
+                             cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left,
+                             window_right, max_seqlen_k, semaphores)
+        self.launch(views, num_seqs, stream)
+
+    def launch(self, t: BackwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
+        """Shared memory, copies and MMAs, then the launch: one CTA per (K/V block, K/V
+        head, sequence), K/V block 0 first (under a causal mask it sees the most queries)."""
+        cfg, D = self.cfg, self.head_dim
+        layouts = self.smem_layouts()
+        q_layout, kv_layout, ds_layout = layouts
+        stats = cute.struct.Align[cute.struct.MemRange[cutlass.Float32,
+                                                       cfg.block_m * cfg.q_stages], 128]
+        SharedStorage = shared_storage({
+            "sQ": shared_tile(self.dtype, q_layout), "sdO": shared_tile(self.dtype, q_layout),
+            "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
+            "sdS": shared_tile(self.dtype, ds_layout),
+            # L and D of the ring's query blocks: (B_r, q_stages) each.
+            "sLSE": stats, "sdPsum": stats})
+        load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
+            cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
+        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                         num_bits_per_copy=COPY_BITS)
+        # L and D: one fp32 per query row, a thread each (the preprocess pads them to whole
+        # query blocks, so no row needs a bounds check).
+        stats_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
+            cache_mode=cpasync.LoadCacheMode.ALWAYS), cutlass.Float32, num_bits_per_copy=32)
+        copies = (row_copy(load_atom, cfg.num_threads, D),
+                  row_copy(store_atom, cfg.num_threads, D),
+                  cute.make_tiled_copy_tv(stats_atom, cute.make_layout(cfg.block_m),
+                                          cute.make_layout(1)))
+        grid = (cute.ceil_div(t.max_seqlen_k, cfg.block_n), t.k.shape[2], num_seqs)
+        self.kernel(t.q, t.k, t.v, t.dout, t.lse_log2, t.dpsum, t.dq_accum, t.dk, t.dv,
+                    t.cu_seqlens_q, t.cu_seqlens_k, t.softmax_scale, t.window_left,
+                    t.window_right, t.semaphores, layouts, copies, self.tiled_mmas(),
+                    SharedStorage,
+                    ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
+
+    # ---- device side -----------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+               mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+               mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+               softmax_scale: cutlass.Float32, window_left: cutlass.Int32,
+               window_right: cutlass.Int32, mSem: cute.Tensor, layouts, copies, mmas,
+               SharedStorage: cutlass.Constexpr):
+        cfg, D = self.cfg, self.head_dim
+        B_r, B_c = cfg.block_m, cfg.block_n
+        q_layout, kv_layout, ds_layout = layouts
+        gmem_load, gmem_store, stats_load = copies
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head_kv, seq = cute.arch.block_idx()
+        group = mQ.shape[2] // mK.shape[2]
+
+        # ---- this CTA's sequence and its walk over query blocks ---------------------------
+        batch, q_start, k_start = seq, 0, 0
+        seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
+        if cutlass.const_expr(self.varlen):
+            batch = 0
+            q_start, k_start = mCuQ[seq], mCuK[seq]
+            seqlen_q, seqlen_k = mCuQ[seq + 1] - q_start, mCuK[seq + 1] - k_start
+        key0 = n_block * B_c
+        m_min, m_max = query_block_range(key0, seqlen_q, seqlen_k, window_left, window_right,
+                                         B_c, B_r, self.windowed)
+        if cutlass.const_expr(self.varlen):
+            # Past the end of a short sequence (the grid is sized for the longest): no work.
+            m_max = m_min if key0 >= seqlen_k else m_max
+        left_end, right_start = masked_query_bounds(
+            key0, seqlen_q, seqlen_k, window_left, window_right, m_min, m_max, B_c, B_r,
+            self.windowed)
+        bounds = phase_bounds(m_min, left_end, right_start, m_max, self.windowed)
+
+        # ---- shared memory ----------------------------------------------------------------
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = self.smem_tensor(storage.sQ, q_layout)
+        sdO = self.smem_tensor(storage.sdO, q_layout)
+        sK = self.smem_tensor(storage.sK, kv_layout)[None, None, 0]
+        sV = self.smem_tensor(storage.sV, kv_layout)[None, None, 0]
+        sdS = self.smem_tensor(storage.sdS, ds_layout)[None, None, 0]
+        stages = cfg.q_stages
+        sLSE, sdPsum = (buf.get_tensor(cute.make_layout((B_r, stages)))
+                        for buf in (storage.sLSE, storage.sdPsum))
+        # Per query block: global tensors and their shared ring (Q, dO, L, D).
+        ring = ((mQ, mdO, mLSE, mdPsum), (sQ, sdO, sLSE, sdPsum))
+        tiles = (sQ, sdO, sK, sV, sdS, *(transposed(s, B_r, D, stages) for s in (sQ, sdO)),
+                 transposed(sK, B_c, D), transposed(sdS, B_c, B_r))
+
+        # ---- K_j and V_j, once ------------------------------------------------------------
+        thr_load = gmem_load.get_slice(tidx)
+        keys_left = seqlen_k - key0
+        kv_coord = thr_load.partition_S(cute.make_identity_tensor((B_c, D)))
+        for tensor, smem in ((mK, sK), (mV, sV)):
+            tile = cute.local_tile(sequence_rows(tensor, batch, k_start, head_kv), (B_c, D),
+                                   (n_block, 0))
+            load_rows(gmem_load, thr_load.partition_S(tile), thr_load.partition_D(smem),
+                      kv_coord, keys_left, B_c)
+
+        ops = self.operands(tidx, mmas, tiles)
+        mma_s, mma_dkv, mma_dq = mmas[0], mmas[-2], mmas[-1]
+        acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((B_c, D)),
+                                       cutlass.Float32)
+        acc_dV = cute.make_fragment_like(acc_dK)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        # (key, query) of each S^T element, and (query, d) of each dQ element, in the tile.
+        tScS_mn = acc_mn_view(mma_s.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((B_c, B_r))))
+        tdQcdQ = mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((B_r, D)))
+
+        # ---- the walk: every query head of the group, its query blocks in mask phases -----
+        first_head = head_kv * group
+        per_head = m_max - m_min
+        if per_head > 0:
+            self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                               first_head, m_min, 0, seqlen_q, tidx)
+        cute.arch.cp_async_commit_group()
+        walk = (first_head, group, m_min, m_max, per_head, batch, q_start, key0, seqlen_q,
+                seqlen_k, window_left, window_right, softmax_scale, mQ, mdQacc, mSem, ring,
+                sdS, gmem_load, thr_load, stats_load, mmas, ops, acc_dK, acc_dV, tScS_mn,
+                tdQcdQ, n_block, tidx)
+        for member in cutlass.range(group, unroll=1):
+            for p in cutlass.range_constexpr(len(bounds)):
+                lo, hi = bounds[p]
+                # Literal flags: a Python value carried into a dynamic loop would turn dynamic.
+                if cutlass.const_expr(phase_masked(self.windowed, p)):
+                    for i in cutlass.range(hi - lo, unroll=1):
+                        self._query_block(member, lo + i, *walk, masked=True)
+                else:
+                    for i in cutlass.range(hi - lo, unroll=1):
+                        self._query_block(member, lo + i, *walk, masked=False)
+
+        # ---- epilogue: dK (scaled) and dV through K's and V's shared memory ---------------
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        stage_o(acc_dK, sK, mma_dkv, tidx, self.dtype)
+        stage_o(acc_dV, sV, mma_dkv, tidx, self.dtype)
+        gdK, gdV = (cute.local_tile(sequence_rows(grad, batch, k_start, head_kv), (B_c, D),
+                                    (n_block, 0)) for grad in (mdK, mdV))
+        store_rows(gmem_store, sK, gdK, tidx, keys_left, cute.arch.sync_threads)
+        # The barrier above made both staged tiles visible.
+        store_rows(gmem_store, sV, gdV, tidx, keys_left, lambda: None)
+
+    @cute.jit
+    def _load_q_block(self, ring, gmem_load: cute.TiledCopy, thr_load,
+                      stats_load: cute.TiledCopy, batch, q_start, head, m_block, stage,
+                      seqlen_q, tidx):
+        """Start copying Q_i, dO_i, L_i and D_i of ``head`` into ``stage`` (zero rows of Q
+        and dO past Sq; L and D are padded)."""
+        B_r = self.cfg.block_m
+        (mQ, mdO, mLSE, mdPsum), (sQ, sdO, sLSE, sdPsum) = ring
+        coord = thr_load.partition_S(cute.make_identity_tensor((B_r, self.head_dim)))
+        for tensor, smem in ((mQ, sQ), (mdO, sdO)):
+            tile = cute.local_tile(sequence_rows(tensor, batch, q_start, head),
+                                   (B_r, self.head_dim), (m_block, 0))
+            load_rows(gmem_load, thr_load.partition_S(tile),
+                      thr_load.partition_D(smem[None, None, stage]), coord,
+                      seqlen_q - m_block * B_r, B_r)
+        if tidx < B_r:
+            thr_stats = stats_load.get_slice(tidx)
+            for tensor, smem in ((mLSE, sLSE), (mdPsum, sdPsum)):
+                rows = cute.domain_offset((q_start,), tensor[batch, head, None])
+                cute.copy(stats_load,
+                          thr_stats.partition_S(cute.local_tile(rows, (B_r,), (m_block,))),
+                          thr_stats.partition_D(smem[None, stage]))
+
+    def publish_ds(self):
+        """Make dS^T, written to shared memory by every thread, visible to the dQ GEMM."""
+        cute.arch.sync_threads()
+
+    def loads_landed(self):
+        """After this thread's ``cp.async`` copies have landed: make every thread's visible
+        to the MMAs."""
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _query_block(self, g, m_block, first_head, group, m_min, m_max, per_head, batch,
+                     q_start, key0, seqlen_q, seqlen_k, window_left, window_right,
+                     softmax_scale, mQ, mdQacc, mSem, ring, sdS, gmem_load, thr_load,
+                     stats_load, mmas, ops, acc_dK, acc_dV, tScS_mn, tdQcdQ, n_block, tidx,
+                     masked: cutlass.Constexpr):
+        """Query block ``m_block`` of query head ``first_head + g``: the five GEMMs."""
+        cfg = self.cfg
+        B_r = cfg.block_m
+        head = first_head + g
+        query0 = m_block * B_r
+        it = g * per_head + m_block - m_min
+        stage = it % cfg.q_stages
+        if cutlass.const_expr(cfg.q_stages > 1):
+            # The ring: this block was issued an iteration ago. After this barrier every
+            # thread is done with the previous block (and dS^T), so its stage takes the next.
+            cute.arch.cp_async_wait_group(0)
+            self.loads_landed()
+            next_m, next_g = m_block + 1, g
+            if next_m >= m_max:
+                next_m, next_g = m_min, g + 1
+            if next_g < group:
+                self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                                   first_head + next_g, next_m, 1 - stage, seqlen_q, tidx)
+            cute.arch.cp_async_commit_group()
+        else:
+            if it > 0:
+                cute.arch.sync_threads()
+                self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                                   head, m_block, 0, seqlen_q, tidx)
+                cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            self.loads_landed()
+
+        ncols = cute.size(tScS_mn, mode=[1])
+        sLSE, sdPsum = ring[1][2], ring[1][3]
+        # S^T = K_j Q_i^T, then P^T from the saved log-sum-exp (per column: a query row).
+        lse = cute.make_rmem_tensor((ncols,), cutlass.Float32)
+        for c in cutlass.range_constexpr(ncols):
+            lse[c] = sLSE[tScS_mn[0, c][1], stage]
+        acc_S = self.gemm_s(ops, stage)
+        if cutlass.const_expr(masked):
+            apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
+                                  window_left, window_right, self.windowed)
+        scale_log2 = softmax_scale * LOG2_E
+        s_mn = acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for c in cutlass.range_constexpr(ncols):
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse[c], fastmath=True)
+
+        # dP^T = V_j dO_i^T, then dS^T = P^T (dP^T - D_i).
+        dpsum = cute.make_rmem_tensor((ncols,), cutlass.Float32)
+        for c in cutlass.range_constexpr(ncols):
+            dpsum[c] = sdPsum[tScS_mn[0, c][1], stage]
+        acc_dP = self.gemm_dp(ops, stage)
+        dp_mn = acc_mn_view(acc_dP)
+        for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+            for c in cutlass.range_constexpr(ncols):
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dpsum[c])
+
+        # dV_j += P^T dO_i and dK_j += dS^T Q_i, A from the accumulators' registers; dS^T
+        # to shared memory for dQ.
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        rdS = cute.make_fragment_like(acc_dP, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+        self.gemm_dkv(ops, stage, rP, rdS, acc_dK, acc_dV,
+                      lambda: store_fragment(rdS, sdS, mmas[0], tidx))
+        self.publish_ds()
+
+        # dQ_i += dS K_j, added to dq_accum (in block order when deterministic).
+        acc_dQ = self.gemm_dq(ops)
+        gdQ = cute.local_tile(sequence_rows(mdQacc, batch, q_start, head),
+                              (B_r, self.head_dim), (m_block, 0))
+        tdQgdQ = mmas[-1].get_slice(tidx).partition_C(gdQ)
+        rows_left = seqlen_q - query0
+        turn = None
+        if cutlass.const_expr(self.deterministic):
+            turn = self._await_turn(mSem, mQ.shape[2], head, m_block, query0, seqlen_q,
+                                    seqlen_k, window_left, window_right, n_block, tidx)
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            if tdQcdQ[i][0] < rows_left:
+                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i],
+                              op="add", dtype="f32", sem="relaxed", scope="gpu")
+        if cutlass.const_expr(self.deterministic):
+            # Every thread's adds are done (and visible GPU-wide) before the next block's turn.
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_threads()
+            if tidx == 0:
+                cute.arch.store(turn, cutlass.Int32(n_block + 1), sem="release", scope="gpu")
+
+    @cute.jit
+    def _await_turn(self, mSem: cute.Tensor, num_heads, head, m_block, query0, seqlen_q,
+                    seqlen_k, window_left, window_right, n_block, tidx):
+        """Wait until the K/V blocks before ``n_block`` that see query block ``m_block``
+        have added their dQ parts (``deterministic``). The counter of (sequence, head, query
+        block) holds one past the last K/V block that added; blocks add in launch order, the
+        first that sees the query block finding it at its own index. Returns the counter."""
+        cfg = self.cfg
+        _, _, seq = cute.arch.block_idx()
+        blocks_per_head = mSem.shape[0] // (cute.arch.grid_dim()[2] * num_heads)
+        first, _ = kv_block_range(query0, seqlen_q, seqlen_k, window_left, window_right,
+                                  cfg.block_m, cfg.block_n, self.windowed)
+        counter = mSem.iterator + ((seq * num_heads + head) * blocks_per_head + m_block)
+        if tidx == 0:
+            seen = cute.arch.load(counter, cutlass.Int32, sem="acquire", scope="gpu")
+            # The first block that sees this query block starts it (the counter is zeroed).
+            seen = cutlass.max(seen, first)
+            while seen != n_block:
+                seen = cutlass.max(cute.arch.load(counter, cutlass.Int32, sem="acquire",
+                                                  scope="gpu"), first)
+        cute.arch.sync_threads()
+        return counter

@@ -1,0 +1,21 @@
+"""Warpgroup MMA building blocks shared by the Hopper kernels (forward and backward)."""
+
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+
+def wgmma_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
+               tCrB: cute.Tensor, zero_init: bool, wait: bool = True) -> None:
+    """``acc (+)= A @ B`` as one batch (commit group) of wgmma k-steps; with ``wait``, waited
+    for before returning (the caller then reads ``acc`` or frees B's stage), else the caller
+    waits with ``warpgroup.wait_group``."""
+    # A fresh atom per call: its accumulate flag is runtime state, and setting it on the
+    # tiled MMA inside a loop would leave that state defined in the loop's region.
+    atom = cute.make_mma_atom(tiled_mma.op)
+    warpgroup.fence()
+    for k in range(cute.size(tCrA, mode=[2])):
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    warpgroup.commit_group()
+    if wait:
+        warpgroup.wait_group(0)
