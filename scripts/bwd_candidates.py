@@ -28,6 +28,7 @@ from attnlab.kernels.abi import BackwardSpec
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "stages1": {"q_stages": 1},
+    "bm128": {"block_m": 128},
     "mma_sync": {"wgmma": False},
 }
 

@@ -273,24 +273,30 @@ def test_training_loop_loss_matches_sdpa():
         assert abs(a - b) <= 0.02 * abs(b), f"loss curves diverge: {ours} vs {theirs}"
 
 
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+#: (config knobs, head dim) of each backward kernel and tile the GPU may run.
+KERNELS = {"mma_sync": ({}, 128), "wgmma": ({"wgmma": True}, 128),
+           "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64)}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)])
-def test_each_backward_kernel_matches_the_reference(wgmma, window):
-    """Both kernels where the GPU runs them (the mma.sync one on any sm80+ GPU, the wgmma
-    one on sm_90a), through ``backward.attention_backward`` with their config."""
+def test_each_backward_kernel_matches_the_reference(kernel, window):
+    """Every kernel and tile where the GPU runs it (the mma.sync kernel on any sm80+ GPU,
+    the wgmma one on sm_90a), through ``backward.attention_backward`` with its config."""
     from attnlab import backward, device
     from attnlab.backward_config import BackwardConfig
 
-    if wgmma and device.info(torch.device("cuda")).arch != "sm_90a":
+    knobs, head_dim = KERNELS[kernel]
+    if knobs.get("wgmma") and device.info(torch.device("cuda")).arch != "sm_90a":
         pytest.skip("the wgmma kernel needs sm_90a")
-    (q, k, v), dout = dense_case(2, 700, 900, 8, 2, 128, torch.bfloat16, seed=31)
-    scale = 1 / math.sqrt(128)
+    (q, k, v), dout = dense_case(2, 700, 900, 8, 2, head_dim, torch.bfloat16, seed=31)
+    scale = 1 / math.sqrt(head_dim)
     out, lse = attnlab.attention(q.detach(), k.detach(), v.detach(), window_size=window,
                                  return_lse=True)
     poison_allocator()
     ours = backward.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
                                        None, None, None, None, None, scale, window,
-                                       config=BackwardConfig(wgmma=wgmma))
+                                       config=BackwardConfig(**knobs))
     ref = reference_grads(q, k, v, dout, window, scale)
     theirs = [g.nan_to_num(0.0) for g in sdpa_grads(q, k, v, dout, window, scale)]
-    check_grads(ours, theirs, ref, f"wgmma={wgmma} {window}")
+    check_grads(ours, theirs, ref, f"{kernel} {window}")

@@ -18,6 +18,9 @@ from attnlab.config import MMA_M, SMEM_CAPACITY, ConfigError
 #: Head dims the backward serves: dK and dV of a warp's 16 key rows live in registers (D
 #: fp32 values per thread), which caps D at 128.
 BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128)
+#: Padding (floats) of the wgmma kernel's fp32 dQ staging rows: 8 rows of a warp's column
+#: pairs then fill the 32 banks twice, the fewest wavefronts its 64-bit stores can take.
+DQ_ROW_PAD = 8
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class BackwardConfig:
             ``min(num_warps, block_m / 16)``.
         wgmma: the Hopper kernel (sm_90a): two warpgroups of 64 key rows each (B_c = 128,
             8 warps) issue warpgroup MMAs that read Q, dO, K, V and dS from shared memory
-            through descriptors; B_r = 64, and dQ's two warpgroups split the head dim.
+            through descriptors; B_r = 64 (dQ's two warpgroups split the head dim) or 128
+            (they split the query rows).
     """
 
     block_m: int = 64
@@ -59,10 +63,10 @@ class BackwardConfig:
                               f"{self.block_m}")
         if self.q_stages not in (1, 2):
             raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages}")
-        if self.wgmma and (self.block_m, self.block_n, self.num_warps, self.dq_warps_m) != (
-                64, 128, 8, 0):
-            raise ConfigError("wgmma needs block_m 64, block_n 128, num_warps 8 (two "
-                              "warpgroups of 64 key rows) and no dq_warps_m")
+        if self.wgmma and ((self.block_n, self.num_warps, self.dq_warps_m) != (128, 8, 0)
+                           or self.block_m not in (64, 128)):
+            raise ConfigError("wgmma needs block_n 128, num_warps 8 (two warpgroups of 64 "
+                              "key rows), block_m 64 or 128 and no dq_warps_m")
         wm = self.dq_warps[0]
         if self.num_warps % wm or self.block_m % (MMA_M * wm):
             raise ConfigError(f"dq_warps_m={wm} must divide num_warps={self.num_warps} and "
@@ -70,8 +74,10 @@ class BackwardConfig:
 
     @property
     def dq_warps(self) -> tuple[int, int]:
-        """Warps of dQ += dS K along (B_r, D) (with wgmma: one warpgroup along B_r, its
-        four warps, and the two warpgroups along D)."""
+        """Warps of dQ += dS K along (B_r, D) (with wgmma: a warpgroup's four warps per 64
+        query rows, the warpgroups along D when B_r is 64)."""
+        if self.wgmma:
+            return (4 * self.block_m // 64, self.num_warps * 64 // (4 * self.block_m))
         wm = self.dq_warps_m or min(self.num_warps, self.block_m // MMA_M)
         return wm, self.num_warps // wm
 
@@ -98,9 +104,12 @@ class BackwardConfig:
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """K and V, ``q_stages`` Q and dO tiles, and the dS^T tile."""
+        """K and V, ``q_stages`` Q and dO tiles, the dS^T tile, L and D, and with wgmma dQ's
+        fp32 staging tile."""
         rows = 2 * self.block_n + 2 * self.q_stages * self.block_m
-        return (rows * head_dim + self.block_n * self.block_m) * elem_bytes
+        stats = 2 * 4 * self.block_m * self.q_stages
+        staging = self.block_m * (head_dim + DQ_ROW_PAD) * 4 if self.wgmma else 0
+        return (rows * head_dim + self.block_n * self.block_m) * elem_bytes + stats + staging
 
     def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:
         """Reject a config that cannot serve ``head_dim`` on ``arch`` (ConfigError)."""
@@ -124,9 +133,12 @@ class BackwardConfig:
 
 
 def default_backward(head_dim: int, arch: str = "sm_80") -> BackwardConfig:
-    """The backward's default: on sm_90a the wgmma kernel, elsewhere the mma.sync one with
-    FA2's sm80 tile (B_c = 128 over 8 warps, B_r = 64)."""
+    """The backward's default: on sm_90a the wgmma kernel (B_r = 128 at head dims up to 64,
+    +24 % there, ``docs/backward.md``), elsewhere the mma.sync one with FA2's sm80 tile
+    (B_c = 128 over 8 warps, B_r = 64)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
-    return BackwardConfig(wgmma=arch == "sm_90a")
+    if arch == "sm_90a":
+        return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64)
+    return BackwardConfig()

@@ -22,8 +22,8 @@ body with no mask code. Rows past the sequences are zero-filled; the preprocess 
 to whole query blocks.
 
 An architecture's class supplies the shared-memory layouts and tensors, the tiled MMAs and
-the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``, ``gemm_s``,
-``gemm_dp``, ``gemm_dkv``, ``gemm_dq``, ``publish_ds``): ``mma.sync`` with ``ldmatrix``
+the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``, ``gemm_s_dp``,
+``gemm_dkv``, ``gemm_dq``, ``publish_ds``, ``add_dq``): ``mma.sync`` with ``ldmatrix``
 (``kernels/sm80/backward.py``) or warpgroup MMAs reading shared memory through descriptors
 (``kernels/sm90/backward.py``).
 """
@@ -93,10 +93,19 @@ class BackwardKernel:
         math's and dS^T's store), the last dQ's."""
         raise NotImplementedError
 
-    def operands(self, tidx, mmas: tuple, tiles: tuple) -> tuple:
+    def operands(self, tidx, mmas: tuple, tiles: tuple, storage) -> tuple:
         """This thread's fragments and copies of the GEMMs' operands; ``tiles``: sQ, sdO,
-        sK, sV, sdS and the transposed views sQt, sdOt, sKt, sdSt."""
+        sK, sV, sdS and the transposed views sQt, sdOt, sKt, sdSt; ``storage``: the shared
+        memory (for what ``extra_smem`` added). Its first element is ``mmas``."""
         raise NotImplementedError
+
+    def extra_smem(self) -> dict:
+        """Shared-memory fields beyond the common ones."""
+        return {}
+
+    @staticmethod
+    def tiled_mmas_of(ops: tuple) -> tuple:
+        return ops[0]
 
     # ---- host side -------------------------------------------------------------------------
     @cute.jit
@@ -128,7 +137,7 @@ class BackwardKernel:
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
             "sdS": shared_tile(self.dtype, ds_layout),
             # L and D of the ring's query blocks: (B_r, q_stages) each.
-            "sLSE": stats, "sdPsum": stats})
+            "sLSE": stats, "sdPsum": stats, **self.extra_smem()})
         load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
             cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
         store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
@@ -207,7 +216,7 @@ class BackwardKernel:
             load_rows(gmem_load, thr_load.partition_S(tile), thr_load.partition_D(smem),
                       kv_coord, keys_left, B_c)
 
-        ops = self.operands(tidx, mmas, tiles)
+        ops = self.operands(tidx, mmas, tiles, storage)
         mma_s, mma_dkv, mma_dq = mmas[0], mmas[-2], mmas[-1]
         acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((B_c, D)),
                                        cutlass.Float32)
@@ -276,6 +285,20 @@ class BackwardKernel:
                           thr_stats.partition_S(cute.local_tile(rows, (B_r,), (m_block,))),
                           thr_stats.partition_D(smem[None, stage]))
 
+    @cute.jit
+    def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
+               rows_left, tidx):
+        """dq_accum's tile ``gdQ`` += this thread's part of dS K_j: ``red.global.add.f32``
+        per element (rows at or past ``rows_left`` left alone)."""
+        tdQgdQ = self.tiled_mmas_of(ops)[-1].get_slice(tidx).partition_C(gdQ)
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            if tdQcdQ[i][0] < rows_left:
+                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i],
+                              op="add", dtype="f32", sem="relaxed", scope="gpu")
+
+    def dq_added(self, tidx):
+        """Wait until this thread's dQ adds have been performed (``deterministic``)."""
+
     def publish_ds(self):
         """Make dS^T, written to shared memory by every thread, visible to the dQ GEMM."""
         cute.arch.sync_threads()
@@ -325,21 +348,25 @@ class BackwardKernel:
         lse = cute.make_rmem_tensor((ncols,), cutlass.Float32)
         for c in cutlass.range_constexpr(ncols):
             lse[c] = sLSE[tScS_mn[0, c][1], stage]
-        acc_S = self.gemm_s(ops, stage)
-        if cutlass.const_expr(masked):
-            apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
-                                  window_left, window_right, self.windowed)
         scale_log2 = softmax_scale * LOG2_E
-        s_mn = acc_mn_view(acc_S)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            for c in cutlass.range_constexpr(ncols):
-                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse[c], fastmath=True)
-
-        # dP^T = V_j dO_i^T, then dS^T = P^T (dP^T - D_i).
         dpsum = cute.make_rmem_tensor((ncols,), cutlass.Float32)
-        for c in cutlass.range_constexpr(ncols):
-            dpsum[c] = sdPsum[tScS_mn[0, c][1], stage]
-        acc_dP = self.gemm_dp(ops, stage)
+
+        def probabilities(acc_S: cute.Tensor) -> None:
+            # P^T (in place), while dP^T = V_j dO_i^T may still be on the tensor cores.
+            if cutlass.const_expr(masked):
+                apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
+                                      window_left, window_right, self.windowed)
+            s_mn = acc_mn_view(acc_S)
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                for c in cutlass.range_constexpr(ncols):
+                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse[c],
+                                                fastmath=True)
+            for c in cutlass.range_constexpr(ncols):
+                dpsum[c] = sdPsum[tScS_mn[0, c][1], stage]
+
+        acc_S, acc_dP = self.gemm_s_dp(ops, stage, probabilities)
+        # dS^T = P^T (dP^T - D_i).
+        s_mn = acc_mn_view(acc_S)
         dp_mn = acc_mn_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
             for c in cutlass.range_constexpr(ncols):
@@ -359,18 +386,14 @@ class BackwardKernel:
         acc_dQ = self.gemm_dq(ops)
         gdQ = cute.local_tile(sequence_rows(mdQacc, batch, q_start, head),
                               (B_r, self.head_dim), (m_block, 0))
-        tdQgdQ = mmas[-1].get_slice(tidx).partition_C(gdQ)
-        rows_left = seqlen_q - query0
         turn = None
         if cutlass.const_expr(self.deterministic):
             turn = self._await_turn(mSem, mQ.shape[2], head, m_block, query0, seqlen_q,
                                     seqlen_k, window_left, window_right, n_block, tidx)
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            if tdQcdQ[i][0] < rows_left:
-                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i],
-                              op="add", dtype="f32", sem="relaxed", scope="gpu")
+        self.add_dq(ops, acc_dQ, gdQ, tdQcdQ, seqlen_q - query0, tidx)
         if cutlass.const_expr(self.deterministic):
             # Every thread's adds are done (and visible GPU-wide) before the next block's turn.
+            self.dq_added(tidx)
             cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_threads()
             if tidx == 0:

@@ -35,10 +35,11 @@ def stage_o(acc_O: cute.Tensor, sO: cute.Tensor, tiled_mma: cute.TiledMma, tidx,
 
 @cute.jit
 def store_fragment(rC: cute.Tensor, sC: cute.Tensor, tiled_mma: cute.TiledMma, tidx):
-    """A 16-bit fragment in ``tiled_mma``'s accumulator layout into its shared-memory tile."""
-    # 4-byte stores: a thread's accumulator holds column pairs.
+    """A fragment in ``tiled_mma``'s accumulator layout into its shared-memory tile."""
+    # One store per column pair: a thread's accumulator holds column pairs.
     r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
-                                                     rC.element_type, num_bits_per_copy=32),
+                                                     rC.element_type,
+                                                     num_bits_per_copy=2 * rC.element_type.width),
                                  tiled_mma)
     thr_r2s = r2s.get_slice(tidx)
     cute.copy(r2s, thr_r2s.retile(rC), thr_r2s.partition_D(sC))

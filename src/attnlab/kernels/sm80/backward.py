@@ -45,7 +45,7 @@ class FlashBackwardSm80(BackwardKernel):
                                     permutation_mnk=(cfg.num_warps * 16, 16, 16)),
                 cute.make_tiled_mma(op, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16)))
 
-    def operands(self, tidx, mmas: tuple, tiles: tuple) -> tuple:
+    def operands(self, tidx, mmas: tuple, tiles: tuple, storage) -> tuple:
         """Per operand (fragment, (tiled ldmatrix copy, shared source, register view)), the
         Q and dO sources keeping their stage mode."""
         mma_kv, mma_dq = mmas
@@ -76,7 +76,7 @@ class FlashBackwardSm80(BackwardKernel):
         for frag, copy, src in plan:
             thr = copy.get_slice(tidx)
             result.append((frag, (copy, thr.partition_S(src), thr.retile(frag))))
-        return (mma_kv, mma_dq, thr_kv, thr_dq, tuple(result))
+        return (mmas, thr_kv, thr_dq, tuple(result))
 
     @staticmethod
     def _staged(load, stage):
@@ -87,24 +87,21 @@ class FlashBackwardSm80(BackwardKernel):
         acc.fill(0.0)
         return acc
 
-    def gemm_s(self, ops: tuple, stage) -> cute.Tensor:
-        mma_kv, _, thr_kv, _, parts = ops
-        (tK, lK), (tQ, lQ) = parts[0], parts[1]
-        acc = self._new_acc(thr_kv, (self.cfg.block_n, self.cfg.block_m))
-        gemm(mma_kv, acc, tK, tQ, lK, self._staged(lQ, stage), FRAGS, FRAGS, True)
-        return acc
-
-    def gemm_dp(self, ops: tuple, stage) -> cute.Tensor:
-        mma_kv, _, thr_kv, _, parts = ops
-        (tV, lV), (tdO, ldO) = parts[2], parts[3]
-        acc = self._new_acc(thr_kv, (self.cfg.block_n, self.cfg.block_m))
-        gemm(mma_kv, acc, tV, tdO, lV, self._staged(ldO, stage), FRAGS, FRAGS, True)
-        return acc
+    def gemm_s_dp(self, ops: tuple, stage, probabilities) -> tuple:
+        """S^T = K Q^T, ``probabilities(S^T)``, then dP^T = V dO^T."""
+        (mma_kv, _), thr_kv, _, parts = ops
+        (tK, lK), (tQ, lQ), (tV, lV), (tdO, ldO) = parts[:4]
+        shape = (self.cfg.block_n, self.cfg.block_m)
+        acc_S, acc_dP = self._new_acc(thr_kv, shape), self._new_acc(thr_kv, shape)
+        gemm(mma_kv, acc_S, tK, tQ, lK, self._staged(lQ, stage), FRAGS, FRAGS, True)
+        probabilities(acc_S)
+        gemm(mma_kv, acc_dP, tV, tdO, lV, self._staged(ldO, stage), FRAGS, FRAGS, True)
+        return acc_S, acc_dP
 
     def gemm_dkv(self, ops: tuple, stage, rP: cute.Tensor, rdS: cute.Tensor,
                  acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> None:
         """dV += P^T dO, dS^T to shared memory (``store_ds``), dK += dS^T Q."""
-        mma_kv, _, _, _, parts = ops
+        (mma_kv, _), _, _, parts = ops
         (tdOt, ldOt), (tQt, lQt) = parts[4], parts[5]
         gemm(mma_kv, acc_dV, acc_as_operand_a(rP), tdOt, None, self._staged(ldOt, stage), 0,
              FRAGS, True)
@@ -113,7 +110,7 @@ class FlashBackwardSm80(BackwardKernel):
              FRAGS, True)
 
     def gemm_dq(self, ops: tuple) -> cute.Tensor:
-        _, mma_dq, _, thr_dq, parts = ops
+        (_, mma_dq), _, thr_dq, parts = ops
         (tdS, ldS), (tKt, lKt) = parts[6], parts[7]
         acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         gemm(mma_dq, acc, tdS, tKt, ldS, lKt, FRAGS, FRAGS, True)

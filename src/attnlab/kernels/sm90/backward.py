@@ -12,7 +12,10 @@ warp, the shared-memory traffic that bounds the ``mma.sync`` kernel (docs/backwa
   to 16 bits are already the A layout, ``acc_as_wgmma_operand_a``), B = dO_i and Q_i read
   MN-major through a transposed view of the same shared tiles.
 * dQ_i = dS K_j: dS^T (written once to shared memory) read MN-major as A, K_j MN-major as B;
-  the two warpgroups split the head dim.
+  the two warpgroups split the head dim. dQ_i goes to shared memory and from there into
+  ``dq_accum`` by one bulk reduce-add per row (the TMA engine adds in L2): per-element
+  ``red`` instructions saturated the load/store unit (ncu: ``lg_throttle`` the top stall,
+  67 M reds at hd128 seq 8k).
 
 Q_i, dO_i and K_j are each laid out once for both of their reads: the swizzle atom is chosen
 for the narrower one (``major``), as FA3 does. ``cp.async`` writes through the generic proxy
@@ -26,9 +29,12 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from attnlab.backward_config import DQ_ROW_PAD
 from attnlab.config import WGMMA_M
 from attnlab.kernels.common.backward_walk import BackwardKernel
+from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a
+from attnlab.kernels.sm90.bulk import bulk_reduce_add_f32
 from attnlab.kernels.sm90.wgmma import wgmma_gemm
 
 
@@ -43,11 +49,17 @@ class FlashBackwardSm90(BackwardKernel):
             self.dtype)
         return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
+    @property
+    def _dq_warpgroups(self) -> tuple[int, int]:
+        """dQ's warpgroups along (B_r, D): 64 query rows each, the rest split the head dim."""
+        along_m = self.cfg.block_m // WGMMA_M
+        return along_m, self.cfg.block_n // WGMMA_M // along_m
+
     def smem_layouts(self) -> tuple:
         cfg, D = self.cfg, self.head_dim
-        # K is also dQ's B operand, of which each warpgroup reads half the head dim.
+        # K is also dQ's B operand, of which each warpgroup may read a slice of the head dim.
         return (self._layout(cfg.block_m, D, cfg.q_stages, D),
-                self._layout(cfg.block_n, D, 1, D // 2),
+                self._layout(cfg.block_n, D, 1, D // self._dq_warpgroups[1]),
                 self._layout(cfg.block_n, cfg.block_m, 1, cfg.block_m))
 
     def smem_tensor(self, buffer, layout) -> cute.Tensor:
@@ -55,7 +67,7 @@ class FlashBackwardSm90(BackwardKernel):
         return buffer.get_tensor(layout.outer, swizzle=layout.inner)
 
     def tiled_mmas(self) -> tuple:
-        """S^T and dP^T, dV and dK (warpgroups along B_c), dQ (warpgroups along D)."""
+        """S^T and dP^T, dV and dK (warpgroups along B_c), dQ (``_dq_warpgroups``)."""
         cfg, D = self.cfg, self.head_dim
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         along_m = (cfg.block_n // WGMMA_M, 1, 1)
@@ -66,10 +78,18 @@ class FlashBackwardSm90(BackwardKernel):
                                                   cutlass.Float32, along_m, (WGMMA_M, D),
                                                   warpgroup.OperandSource.RMEM),
                 sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, mn_major, mn_major,
-                                                  cutlass.Float32, (1, 2, 1),
-                                                  (WGMMA_M, D // 2)))
+                                                  cutlass.Float32, (*self._dq_warpgroups, 1),
+                                                  (WGMMA_M, D // self._dq_warpgroups[1])))
 
-    def operands(self, tidx, mmas: tuple, tiles: tuple) -> tuple:
+    def _dq_layout(self):
+        return cute.make_layout((self.cfg.block_m, self.head_dim),
+                                stride=(self.head_dim + DQ_ROW_PAD, 1))
+
+    def extra_smem(self) -> dict:
+        return {"sdQ": cute.struct.Align[cute.struct.MemRange[
+            cutlass.Float32, cute.cosize(self._dq_layout())], 128]}
+
+    def operands(self, tidx, mmas: tuple, tiles: tuple, storage) -> tuple:
         """Per warpgroup, the descriptors' fragments of every shared operand (sliced by a
         warp-uniform index, so ptxas can keep them in uniform registers), and this thread's
         slices for the accumulators."""
@@ -85,42 +105,73 @@ class FlashBackwardSm90(BackwardKernel):
                  wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
                  wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
                  wg_dq.make_fragment_B(wg_dq.partition_B(sKt)))
-        return (mmas, tuple(m.get_slice(tidx) for m in mmas), frags)
+        return (mmas, tuple(m.get_slice(tidx) for m in mmas), frags,
+                storage.sdQ.get_tensor(self._dq_layout()))
 
     def _new_acc(self, thr, shape) -> cute.Tensor:
         return cute.make_rmem_tensor(thr.partition_shape_C(shape), cutlass.Float32)
 
-    def gemm_s(self, ops: tuple, stage) -> cute.Tensor:
-        (mma_s, _, _), (thr_s, _, _), frags = ops
-        acc = self._new_acc(thr_s, (self.cfg.block_n, self.cfg.block_m))
-        wgmma_gemm(mma_s, acc, frags[0], frags[1][None, None, None, stage], zero_init=True)
-        return acc
-
-    def gemm_dp(self, ops: tuple, stage) -> cute.Tensor:
-        (mma_s, _, _), (thr_s, _, _), frags = ops
-        acc = self._new_acc(thr_s, (self.cfg.block_n, self.cfg.block_m))
-        wgmma_gemm(mma_s, acc, frags[2], frags[3][None, None, None, stage], zero_init=True)
-        return acc
+    def gemm_s_dp(self, ops: tuple, stage, probabilities) -> tuple:
+        """S^T = K Q^T and dP^T = V dO^T issued together; ``probabilities(S^T)`` once S^T
+        has landed, while dP^T is still on the tensor cores."""
+        (mma_s, _, _), (thr_s, _, _), frags, _ = ops
+        shape = (self.cfg.block_n, self.cfg.block_m)
+        acc_S, acc_dP = self._new_acc(thr_s, shape), self._new_acc(thr_s, shape)
+        wgmma_gemm(mma_s, acc_S, frags[0], frags[1][None, None, None, stage], zero_init=True,
+                   wait=False)
+        wgmma_gemm(mma_s, acc_dP, frags[2], frags[3][None, None, None, stage],
+                   zero_init=True, wait=False)
+        warpgroup.wait_group(1)
+        probabilities(acc_S)
+        warpgroup.wait_group(0)
+        return acc_S, acc_dP
 
     def gemm_dkv(self, ops: tuple, stage, rP: cute.Tensor, rdS: cute.Tensor,
                  acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> None:
-        """dV += P^T dO and dK += dS^T Q in flight together while dS^T goes to shared
-        memory (``store_ds``)."""
-        (_, mma_dkv, _), _, frags = ops
+        """dV += P^T dO and dK += dS^T Q issued while dS^T goes to shared memory
+        (``store_ds``); not waited for: they complete under dQ's MMAs (``gemm_dq``)."""
+        (_, mma_dkv, _), _, frags, _ = ops
         wgmma_gemm(mma_dkv, acc_dV, acc_as_wgmma_operand_a(rP),
                    frags[4][None, None, None, stage], zero_init=False, wait=False)
         wgmma_gemm(mma_dkv, acc_dK, acc_as_wgmma_operand_a(rdS),
                    frags[5][None, None, None, stage], zero_init=False, wait=False)
         store_ds()
-        warpgroup.wait_group(0)
 
     def gemm_dq(self, ops: tuple) -> cute.Tensor:
-        (_, _, mma_dq), (_, _, thr_dq), frags = ops
+        (_, _, mma_dq), (_, _, thr_dq), frags, _ = ops
         acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
+        # Waits for dV and dK too (``gemm_dkv``).
         wgmma_gemm(mma_dq, acc, frags[6], frags[7], zero_init=True)
         return acc
 
+    @cute.jit
+    def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
+               rows_left, tidx):
+        """dQ's tile to shared memory, then one bulk reduce-add per row (a thread each) into
+        ``gdQ`` (rows at or past ``rows_left`` left alone). The staging buffer is free again
+        once the issuing threads' bulk reads are done (``publish_ds`` waits for them)."""
+        (_, _, mma_dq), _, _, sdQ = ops
+        store_fragment(acc_dQ, sdQ, mma_dq, tidx)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_threads()
+        if tidx < rows_left:
+            if tidx < self.cfg.block_m:
+                bulk_reduce_add_f32(sdQ.iterator + cute.crd2idx((tidx, 0), sdQ.layout),
+                                    gdQ.iterator + cute.crd2idx((tidx, 0), gdQ.layout),
+                                    self.head_dim * 4)
+        cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def dq_added(self, tidx):
+        if tidx < self.cfg.block_m:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
     def publish_ds(self):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx < self.cfg.block_m:
+            # dQ's staging buffer is about to be written again: the last bulk reads are done.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         # Generic-proxy stores, read next by wgmma (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_threads()
