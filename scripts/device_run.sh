@@ -59,7 +59,8 @@ case $mode in
     python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_backward_gpu.py \
       "tests/test_cli_gpu.py::test_bench_backward_times_training_of_attnlab_and_its_peers" \
       2>&1 | tee -a "$log" | tail -25
-    attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16 --out "$OUT"
+    attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16,fp16 \
+      --out "$OUT"
     ;;
   bwdsweep)
     python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"

@@ -274,7 +274,8 @@ def test_training_loop_loss_matches_sdpa():
 
 
 #: (config knobs, head dim) of each backward kernel and tile the GPU may run.
-KERNELS = {"mma_sync": ({}, 128), "wgmma": ({"wgmma": True}, 128),
+KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
+           "wgmma": ({"wgmma": True}, 128),
            "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64)}
 
 

@@ -7,9 +7,9 @@ FlashAttention-2's three steps (``docs/backward.md``):
    times log2(e), both laid out ``[B, H, rows]`` and padded to whole query blocks so the
    kernel reads them without bounds checks. A row that saw no key (LSE -inf) gets +inf, so
    its recomputed probabilities are exp2(-inf) = 0 instead of NaN.
-2. **The kernel** (``kernels/sm80/backward.py``) writes dK and dV and adds dQ / scale into a
-   zeroed fp32 ``dq_accum``.
-3. **Postprocess**: ``dQ = dq_accum * scale`` in the input dtype.
+2. **The kernel** (``kernels/sm80/backward.py``, ``kernels/sm90/backward.py``) writes dK and
+   dV and adds dQ into a zeroed fp32 ``dq_accum``.
+3. **Postprocess**: dQ in the input dtype.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ LOG2_E = math.log2(math.e)
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
     """A ``[B, H, S]`` / ``[H, total]`` fp32 per-row value zero-padded to ``rows`` rows."""
-    padded = x.new_zeros((*x.shape[:-1], rows))
-    padded[..., : x.shape[-1]] = x
-    return padded
+    return torch.nn.functional.pad(x, (0, rows - x.shape[-1]))
 
 
 def _padded_rows(q: torch.Tensor, varlen: bool, block_m: int) -> int:
@@ -73,15 +71,16 @@ def attention_backward(
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     gpu = device.info(q.device)
     if config is None:
-        config = default_backward(head_dim, gpu.arch)
+        config = default_backward(head_dim, gpu.arch, varlen)
     config.check_problem(head_dim, gpu.arch)
     dout = dout.contiguous()
     rows = _padded_rows(q, varlen, config.block_m)
-    # [B, S, H] / [total, H] -> the LSE's [B, H, S] / [H, total].
-    dpsum = (dout.float() * out.float()).sum(-1).transpose(-1, -2)
+    # [B, S, H] / [total, H] -> the LSE's [B, H, S] / [H, total]; out is converted inside
+    # the product, not copied.
+    dpsum = (dout.float() * out).sum(-1).transpose(-1, -2)
     if dlse is not None:
         dpsum = dpsum - dlse
-    lse_log2 = torch.where(lse == -math.inf, math.inf, lse) * LOG2_E
+    lse_log2 = (lse * LOG2_E).nan_to_num_(nan=math.nan, neginf=math.inf)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     spec = BackwardSpec(config, gpu.arch, str(q.dtype).removeprefix("torch."), head_dim,
                         window != (-1, -1), varlen, deterministic)
@@ -97,4 +96,4 @@ def attention_backward(
         q, k, v, dout, _padded(lse_log2, rows), _padded(dpsum, rows),
         dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, left, right,
         max_seqlen_k if varlen else k.shape[1], semaphores)
-    return (dq_accum * softmax_scale).to(q.dtype), dk, dv
+    return dq_accum.to(q.dtype), dk, dv

@@ -132,13 +132,21 @@ class BackwardConfig:
                               f"{capacity}")
 
 
-def default_backward(head_dim: int, arch: str = "sm_80") -> BackwardConfig:
+def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
+                     ) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel (B_r = 128 at head dims up to 64,
     +24 % there, ``docs/backward.md``), elsewhere the mma.sync one with FA2's sm80 tile
-    (B_c = 128 over 8 warps, B_r = 64)."""
+    (B_c = 128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose
+    sequence offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89:
+    one Q/dO stage, then B_c = 64)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
     if arch == "sm_90a":
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64)
-    return BackwardConfig()
+    block_m = 32 if varlen and head_dim == 128 else 64
+    candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
+        {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
+        {"num_warps": 4, "block_n": 64, "q_stages": 1}))
+    capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
+    return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), candidates[-1])

@@ -14,17 +14,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec
 
 DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
 
 
 @dataclass(frozen=True)
 class Artifacts:
-    """Files produced by cross-compiling one kernel."""
+    """Files produced by cross-compiling one kernel (forward or backward)."""
 
-    config: FlashConfig
+    config: FlashConfig | BackwardConfig
     arch: str
     dtype: str
     head_dim: int
@@ -67,21 +68,24 @@ def compile_config(
     return compile_spec(spec, out_dir)
 
 
-def compile_spec(spec: ForwardSpec, out_dir: str | os.PathLike[str] | None = None
-                 ) -> Artifacts:
-    """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE)."""
-    from attnlab.jit import compile_forward, dumped_binary
+def compile_spec(spec: ForwardSpec | BackwardSpec,
+                 out_dir: str | os.PathLike[str] | None = None) -> Artifacts:
+    """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE) or
+    :class:`BackwardSpec`."""
+    from attnlab.jit import compile_spec as compile_kernel_of
+    from attnlab.jit import dumped_binary
     from attnlab.kernel_cache import spec_digest
 
     spec.config.check_problem(spec.head_dim, spec.arch)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / (f"fwd_{spec.arch}_{spec.dtype}_d{spec.head_dim}{spec.variant()}_"
+    kind = "bwd" if isinstance(spec, BackwardSpec) else "fwd"
+    stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{spec.head_dim}{spec.variant()}_"
                      f"{spec_digest(spec)[:12]}")
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
     if not (cubin_path.exists() and meta_path.exists()):
         with tempfile.TemporaryDirectory() as dump_dir:
-            compile_forward(spec, dump_dir)
+            compile_kernel_of(spec, dump_dir)
             cubin_file, ptx_file = dumped_binary(dump_dir)
             cubin = cubin_file.read_bytes()
             if ptx_file is not None:

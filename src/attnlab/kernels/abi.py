@@ -213,7 +213,7 @@ class BackwardArgs(NamedTuple):
             query rows rounded up to a whole query block (packed: ``total_q`` plus one block):
             the forward's LSE times log2(e) (+inf for a row that saw no key) and
             ``rowsum(dO * O)``, both from the preprocess.
-        dq_accum: fp32, q's shape, zeroed: dQ / softmax_scale, added to by every K/V block.
+        dq_accum: fp32, q's shape, zeroed: dQ, added to by every K/V block.
         dk, dv: k's and v's shape and dtype, written whole.
         cu_seqlens_q, cu_seqlens_k: as the forward's.
         softmax_scale, window_left, window_right: as the forward's.

@@ -12,8 +12,9 @@ warp, the shared-memory traffic that bounds the ``mma.sync`` kernel (docs/backwa
   to 16 bits are already the A layout, ``acc_as_wgmma_operand_a``), B = dO_i and Q_i read
   MN-major through a transposed view of the same shared tiles.
 * dQ_i = dS K_j: dS^T (written once to shared memory) read MN-major as A, K_j MN-major as B;
-  the two warpgroups split the head dim. dQ_i goes to shared memory and from there into
-  ``dq_accum`` by one bulk reduce-add per row (the TMA engine adds in L2): per-element
+  the two warpgroups split the head dim (B_r = 64) or the query rows (B_r = 128). dQ_i goes
+  to shared memory and from there into ``dq_accum`` by one bulk reduce-add per row segment
+  (the TMA engine adds in L2), each warp its own rows, with no CTA barrier: per-element
   ``red`` instructions saturated the load/store unit (ncu: ``lg_throttle`` the top stall,
   67 M reds at hd128 seq 8k).
 
@@ -147,31 +148,34 @@ class FlashBackwardSm90(BackwardKernel):
     @cute.jit
     def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
                rows_left, tidx):
-        """dQ's tile to shared memory, then one bulk reduce-add per row (a thread each) into
-        ``gdQ`` (rows at or past ``rows_left`` left alone). The staging buffer is free again
-        once the issuing threads' bulk reads are done (``publish_ds`` waits for them)."""
+        """dQ's tile into ``gdQ`` through shared memory, warp by warp: a warp stages the 16
+        rows (by its warpgroup's columns) its accumulator holds, then 16 of its lanes issue
+        one bulk reduce-add per row segment. No CTA barrier: a warp reads back only what it
+        wrote, and waits for its own previous bulk reads before writing again."""
         (_, _, mma_dq), _, _, sdQ = ops
+        lane = cute.arch.lane_idx()
+        if lane < 16:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.sync_warp()
         store_fragment(acc_dQ, sdQ, mma_dq, tidx)
+        # Generic-proxy stores, read next by the TMA engine (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.sync_threads()
-        if tidx < rows_left:
-            if tidx < self.cfg.block_m:
-                bulk_reduce_add_f32(sdQ.iterator + cute.crd2idx((tidx, 0), sdQ.layout),
-                                    gdQ.iterator + cute.crd2idx((tidx, 0), gdQ.layout),
-                                    self.head_dim * 4)
+        cute.arch.sync_warp()
+        # The warp's first row and column: those of lane 0's first accumulator element.
+        row = tdQcdQ[0][0] - lane // 4 + lane
+        col = tdQcdQ[0][1] - 2 * (lane % 4)
+        if lane < 16:
+            if row < rows_left:
+                bulk_reduce_add_f32(sdQ.iterator + cute.crd2idx((row, col), sdQ.layout),
+                                    gdQ.iterator + cute.crd2idx((row, col), gdQ.layout),
+                                    self.head_dim // self._dq_warpgroups[1] * 4)
         cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def dq_added(self, tidx):
-        if tidx < self.cfg.block_m:
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
 
-    @cute.jit
     def publish_ds(self):
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx < self.cfg.block_m:
-            # dQ's staging buffer is about to be written again: the last bulk reads are done.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
         # Generic-proxy stores, read next by wgmma (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_threads()

@@ -1,0 +1,96 @@
+"""The backward pass on CPU: its config, spec and launch ABI, and every default kernel
+cross-compiled for sm_80 and sm_90a without spills (issue 20's CPU tests; the autograd wiring
+is in tests/test_ops.py, the numbers in tests/test_backward_gpu.py)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from attnlab.analysis.resources import read_resources
+from attnlab.analysis.sass import disassemble, histogram, parse
+from attnlab.backward_config import (
+    BACKWARD_HEAD_DIMS,
+    BackwardConfig,
+    default_backward,
+)
+from attnlab.compile import compile_spec
+from attnlab.config import ConfigError
+from attnlab.kernels.abi import BackwardArgs, BackwardSpec, spec_from_dict
+from attnlab.kernels.common.backward_walk import BackwardKernel
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"block_n": 96}, "16 \\* num_warps"),
+    ({"num_warps": 2, "block_n": 32}, "num_warps must be 4 or 8"),
+    ({"block_m": 24}, "multiple of 16"),
+    ({"q_stages": 3}, "q_stages"),
+    ({"dq_warps_m": 3}, "dq_warps_m"),
+    ({"wgmma": True, "block_m": 32}, "wgmma needs"),
+    ({"wgmma": True, "dq_warps_m": 4}, "wgmma needs"),
+])
+def test_bad_configs_say_why(knobs, message):
+    with pytest.raises(ConfigError, match=message):
+        BackwardConfig(**knobs)
+
+
+def test_problems_a_config_cannot_serve():
+    with pytest.raises(ConfigError, match="backward serves head dims"):
+        BackwardConfig().check_problem(256)
+    with pytest.raises(ConfigError, match="wgmma needs sm_90a"):
+        BackwardConfig(wgmma=True).check_problem(128, "sm_80")
+    with pytest.raises(ConfigError, match="shared memory"):
+        BackwardConfig(wgmma=True, block_m=128).check_problem(128, "sm_90a")
+
+
+def test_defaults_per_arch():
+    for head_dim in BACKWARD_HEAD_DIMS:
+        for arch in ("sm_80", "sm_86", "sm_90a"):
+            config = default_backward(head_dim, arch)
+            assert config.wgmma == (arch == "sm_90a")
+            config.check_problem(head_dim, arch)
+    assert default_backward(64, "sm_90a").block_m == 128
+    assert default_backward(128, "sm_90a").block_m == 64
+
+
+def test_spec_round_trips_and_names_its_variant():
+    spec = BackwardSpec(BackwardConfig(wgmma=True), "sm_90a", "bfloat16", 128, True, True, True)
+    assert spec_from_dict(spec.to_dict()) == spec
+    assert spec.variant() == "_win_varlen_det"
+    assert "wgmma" in spec.config.short_name()
+
+
+def test_launch_abi_is_spelled_out_once():
+    params = list(inspect.signature(BackwardKernel.__call__).parameters)
+    assert params == ["self", *BackwardArgs._fields, "stream"]
+
+
+# (arch, head dim, windowed, varlen, deterministic): each default kernel, plain, and its
+# masked packed variants at the largest head dim (the most registers).
+COMPILED = [(arch, hd, False, False, False) for arch in ("sm_80", "sm_90a")
+            for hd in BACKWARD_HEAD_DIMS]
+COMPILED += [(arch, 128, True, True, det) for arch in ("sm_80", "sm_90a") for det in (0, 1)]
+
+
+@pytest.mark.parametrize("arch, head_dim, windowed, varlen, deterministic", COMPILED)
+def test_default_kernels_cross_compile_without_spills(arch, head_dim, windowed, varlen,
+                                                      deterministic, tmp_path):
+    config = default_backward(head_dim, arch, varlen)
+    spec = BackwardSpec(config, arch, "bfloat16", head_dim, windowed, varlen,
+                        bool(deterministic))
+    art = compile_spec(spec, tmp_path)
+    text = disassemble(art.cubin)
+    ops = histogram(parse(text))
+    bodies = 3 if windowed else 2
+    if config.wgmma:
+        # Per loop body: S^T and dP^T (D / 16 k-steps each), dV and dK (B_r / 16), dQ
+        # (B_c / 16), per warpgroup; dQ leaves by bulk reduce-adds.
+        per_body = 2 * head_dim // 16 + 2 * config.block_m // 16 + config.block_n // 16
+        assert ops["HGMMA"] == per_body * bodies
+        assert ops["UBLKRED"] > 0 and ops["LDSM"] == 0
+    else:
+        assert ops["HMMA"] > 0 and ops["LDSM"] > 0 and ops["RED"] > 0
+    res = read_resources(art.cubin, text)
+    assert 0 < res.registers <= 255
+    assert not res.spills, res
