@@ -26,8 +26,9 @@ LOG2_E = math.log2(math.e)
 
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """A ``[B, H, S]`` / ``[H, total]`` fp32 per-row value zero-padded to ``rows`` rows."""
-    return torch.nn.functional.pad(x, (0, rows - x.shape[-1]))
+    """A ``[B, H, S]`` / ``[H, total]`` fp32 per-row value zero-padded to ``rows`` rows, rows
+    contiguous (the kernel's layout; ``x`` may be a transposed view)."""
+    return torch.nn.functional.pad(x, (0, rows - x.shape[-1])).contiguous()
 
 
 def _padded_rows(q: torch.Tensor, varlen: bool, block_m: int) -> int:
