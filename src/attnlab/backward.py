@@ -2,11 +2,12 @@
 
 FlashAttention-2's three steps (``docs/backward.md``):
 
-1. **Preprocess** (torch ops): ``D = rowsum(dO * O)`` in fp32 (minus the LSE's own gradient,
-   when the caller used the LSE: d lse_i / d s_ij = P_ij, so it folds into D), and the LSE
-   times log2(e), both laid out ``[B, H, rows]`` and padded to whole query blocks so the
-   kernel reads them without bounds checks. A row that saw no key (LSE -inf) gets +inf, so
-   its recomputed probabilities are exp2(-inf) = 0 instead of NaN.
+1. **Preprocess** (``kernels/common/bwd_preprocess.py``, one pass): ``D = rowsum(dO * O)``
+   in fp32 (minus the LSE's own gradient, when the caller used the LSE: d lse_i / d s_ij =
+   P_ij, so it folds into D), and the LSE times log2(e), both laid out ``[B, H, rows]`` and
+   padded to whole query blocks so the kernel reads them without bounds checks. A row that
+   saw no key (LSE -inf) gets +inf, so its recomputed probabilities are exp2(-inf) = 0
+   instead of NaN.
 2. **The kernel** (``kernels/sm80/backward.py``, ``kernels/sm90/backward.py``) writes dK and
    dV and adds dQ into a zeroed fp32 ``dq_accum``.
 3. **Postprocess**: dQ in the input dtype.
@@ -14,21 +15,11 @@ FlashAttention-2's three steps (``docs/backward.md``):
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from attnlab import device, kernel_cache
 from attnlab.backward_config import BackwardConfig, default_backward
-from attnlab.kernels.abi import BackwardSpec, encode_window
-
-LOG2_E = math.log2(math.e)
-
-
-def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """A ``[B, H, S]`` / ``[H, total]`` fp32 per-row value zero-padded to ``rows`` rows, rows
-    contiguous (the kernel's layout; ``x`` may be a transposed view)."""
-    return torch.nn.functional.pad(x, (0, rows - x.shape[-1])).contiguous()
+from attnlab.kernels.abi import BackwardSpec, PreprocessSpec, encode_window
 
 
 def _padded_rows(q: torch.Tensor, varlen: bool, block_m: int) -> int:
@@ -76,15 +67,16 @@ def attention_backward(
     config.check_problem(head_dim, gpu.arch)
     dout = dout.contiguous()
     rows = _padded_rows(q, varlen, config.block_m)
-    # [B, S, H] / [total, H] -> the LSE's [B, H, S] / [H, total]; out is converted inside
-    # the product, not copied.
-    dpsum = (dout.float() * out).sum(-1).transpose(-1, -2)
-    if dlse is not None:
-        dpsum = dpsum - dlse
-    lse_log2 = (lse * LOG2_E).nan_to_num_(nan=math.nan, neginf=math.inf)
+    spec_dtype = str(q.dtype).removeprefix("torch.")
+    stats_shape = (*lse.shape[:-1], rows)
+    dpsum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    lse_log2 = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    preprocess = PreprocessSpec(gpu.arch, spec_dtype, head_dim, varlen, dlse is not None)
+    kernel_cache.get(preprocess).fn(out, dout, lse, None if dlse is None else dlse.contiguous(),
+                                    dpsum, lse_log2)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    spec = BackwardSpec(config, gpu.arch, str(q.dtype).removeprefix("torch."), head_dim,
-                        window != (-1, -1), varlen, deterministic)
+    spec = BackwardSpec(config, gpu.arch, spec_dtype, head_dim, window != (-1, -1), varlen,
+                        deterministic)
     semaphores = None
     if deterministic:
         batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
@@ -94,7 +86,7 @@ def attention_backward(
                                  device=q.device)
     left, right = encode_window(window)
     kernel_cache.get(spec).fn(
-        q, k, v, dout, _padded(lse_log2, rows), _padded(dpsum, rows),
+        q, k, v, dout, lse_log2, dpsum,
         dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, left, right,
         max_seqlen_k if varlen else k.shape[1], semaphores)
     return dq_accum.to(q.dtype), dk, dv

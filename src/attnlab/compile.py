@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
-from attnlab.kernels.abi import BackwardSpec, ForwardSpec
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
 
 DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
 
@@ -25,7 +25,7 @@ DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
 class Artifacts:
     """Files produced by cross-compiling one kernel (forward or backward)."""
 
-    config: FlashConfig | BackwardConfig
+    config: FlashConfig | BackwardConfig | None
     arch: str
     dtype: str
     head_dim: int
@@ -68,18 +68,20 @@ def compile_config(
     return compile_spec(spec, out_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec,
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec,
                  out_dir: str | os.PathLike[str] | None = None) -> Artifacts:
-    """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE) or
-    :class:`BackwardSpec`."""
+    """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE),
+    :class:`BackwardSpec` or :class:`PreprocessSpec` (whose artifacts have no config)."""
     from attnlab.jit import compile_spec as compile_kernel_of
     from attnlab.jit import dumped_binary
     from attnlab.kernel_cache import spec_digest
 
-    spec.config.check_problem(spec.head_dim, spec.arch)
+    config = getattr(spec, "config", None)
+    if config is not None:
+        config.check_problem(spec.head_dim, spec.arch)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    kind = "bwd" if isinstance(spec, BackwardSpec) else "fwd"
+    kind = {BackwardSpec: "bwd", PreprocessSpec: "pre"}.get(type(spec), "fwd")
     stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{spec.head_dim}{spec.variant()}_"
                      f"{spec_digest(spec)[:12]}")
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
@@ -95,5 +97,5 @@ def compile_spec(spec: ForwardSpec | BackwardSpec,
         meta_path.write_text(json.dumps({"kernel_name": names[0].decode() if names
                                          else "unknown"}))
     meta = json.loads(meta_path.read_text())
-    return Artifacts(spec.config, spec.arch, spec.dtype, spec.head_dim, cubin_path,
+    return Artifacts(config, spec.arch, spec.dtype, spec.head_dim, cubin_path,
                      ptx_path if ptx_path.exists() else None, meta["kernel_name"])

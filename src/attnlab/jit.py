@@ -20,8 +20,10 @@ from attnlab.config import FlashConfig
 from attnlab.kernels.abi import (
     BackwardSpec,
     ForwardSpec,
+    PreprocessSpec,
     fake_backward_args,
     fake_forward_args,
+    fake_preprocess_args,
 )
 
 
@@ -75,10 +77,16 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
                           dump_dir=dump_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec, dump_dir: str | Path | None = None) -> Any:
-    """The kernel of a forward or backward spec, compiled."""
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec,
+                 dump_dir: str | Path | None = None) -> Any:
+    """The kernel of a forward, backward or preprocess spec, compiled."""
     if isinstance(spec, BackwardSpec):
         return compile_backward(spec, dump_dir)
+    if isinstance(spec, PreprocessSpec):
+        from attnlab.kernels.common.bwd_preprocess import BackwardPreprocess
+
+        return compile_kernel(BackwardPreprocess(spec), tuple(fake_preprocess_args(spec)),
+                              arch=spec.arch, dump_dir=dump_dir)
     return compile_forward(spec, dump_dir)
 
 

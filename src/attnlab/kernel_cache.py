@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.kernels.abi import BackwardSpec, ForwardSpec, spec_from_dict
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec, spec_from_dict
 
-#: Either kind of kernel spec.
-Spec = ForwardSpec | BackwardSpec
+#: Any kind of kernel spec.
+Spec = ForwardSpec | BackwardSpec | PreprocessSpec
 
 logger = logging.getLogger("attnlab")
 
@@ -216,8 +216,7 @@ def _registers(cubin: Path) -> int | None:
 
 def describe(spec: Spec) -> str:
     """One line naming a spec (for logs and tables)."""
-    return (f"{spec.config.short_name()} {spec.arch} {spec.dtype} hd{spec.head_dim}"
-            f"{spec.variant()}")
+    return f"{spec.label} {spec.arch} {spec.dtype} hd{spec.head_dim}{spec.variant()}"
 
 
 def _publish(kernel: CompiledKernel, stem: Path) -> None:

@@ -94,6 +94,11 @@ class ForwardSpec:
     def replace(self, **changes: object) -> ForwardSpec:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def label(self) -> str:
+        """The config's name (logs and tables)."""
+        return self.config.short_name()
+
     def variant(self) -> str:
         """Short name of the variant flags, for file names and tables."""
         return "".join(name for name, on in (("_win", self.windowed), ("_varlen", self.varlen),
@@ -184,6 +189,10 @@ class BackwardSpec:
         if not isinstance(self.config, BackwardConfig):
             raise TypeError(f"config must be a BackwardConfig, got {type(self.config).__name__}")
 
+    @property
+    def label(self) -> str:
+        return self.config.short_name()
+
     def variant(self) -> str:
         return "".join(name for name, on in (("_win", self.windowed), ("_varlen", self.varlen),
                                              ("_det", self.deterministic)) if on)
@@ -199,9 +208,63 @@ class BackwardSpec:
                    data["head_dim"], data["windowed"], data["varlen"], data["deterministic"])
 
 
-def spec_from_dict(data: dict[str, Any]) -> ForwardSpec | BackwardSpec:
-    """The spec a ``to_dict`` wrote, forward or backward."""
-    return (BackwardSpec if data.get("kind") == "backward" else ForwardSpec).from_dict(data)
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """The backward's preprocess kernel (``kernels/common/bwd_preprocess.py``): what it is
+    specialised on. ``with_dlse``: the LSE's gradient is subtracted from D."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+    varlen: bool = False
+    with_dlse: bool = False
+
+    @property
+    def label(self) -> str:
+        return "bwd_preprocess"
+
+    def variant(self) -> str:
+        return "".join(name for name, on in (("_varlen", self.varlen),
+                                             ("_dlse", self.with_dlse)) if on)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": "preprocess", "arch": self.arch, "dtype": self.dtype,
+                "head_dim": self.head_dim, "varlen": self.varlen, "with_dlse": self.with_dlse}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PreprocessSpec:
+        return cls(data["arch"], data["dtype"], data["head_dim"], data["varlen"],
+                   data["with_dlse"])
+
+
+class PreprocessArgs(NamedTuple):
+    """The preprocess launch's arguments: out and dout as the forward's q/out; lse as the
+    forward's LSE; dlse like it or None; dpsum and lse_log2 as ``BackwardArgs``' (written,
+    padding included)."""
+
+    out: Any
+    dout: Any
+    lse: Any
+    dlse: Any
+    dpsum: Any
+    lse_log2: Any
+
+
+def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
+    import cutlass
+
+    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    return PreprocessArgs(
+        _fake_rows_tensor(elem, spec.head_dim, spec.varlen),
+        _fake_rows_tensor(elem, spec.head_dim, spec.varlen), _fake_row_stats(spec.varlen),
+        _fake_row_stats(spec.varlen) if spec.with_dlse else None,
+        _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen))
+
+
+def spec_from_dict(data: dict[str, Any]) -> ForwardSpec | BackwardSpec | PreprocessSpec:
+    """The spec a ``to_dict`` wrote: forward, backward or the backward's preprocess."""
+    kinds = {"backward": BackwardSpec, "preprocess": PreprocessSpec}
+    return kinds.get(data.get("kind"), ForwardSpec).from_dict(data)
 
 
 class BackwardArgs(NamedTuple):
