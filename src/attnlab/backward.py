@@ -7,9 +7,9 @@ FlashAttention-2's three steps (``docs/backward.md``):
    P_ij, so it folds into D), and the LSE times log2(e), both laid out ``[B, H, rows]`` and
    padded to whole query blocks so the kernel reads them without bounds checks. A row that
    saw no key (LSE -inf) gets +inf, so its recomputed probabilities are exp2(-inf) = 0
-   instead of NaN.
+   instead of NaN. It also zeroes the fp32 ``dq_accum``.
 2. **The kernel** (``kernels/sm80/backward.py``, ``kernels/sm90/backward.py``) writes dK and
-   dV and adds dQ into a zeroed fp32 ``dq_accum``.
+   dV and adds dQ into ``dq_accum``.
 3. **Postprocess**: dQ in the input dtype.
 """
 
@@ -71,10 +71,10 @@ def attention_backward(
     stats_shape = (*lse.shape[:-1], rows)
     dpsum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     preprocess = PreprocessSpec(gpu.arch, spec_dtype, head_dim, varlen, dlse is not None)
     kernel_cache.get(preprocess).fn(out, dout, lse, None if dlse is None else dlse.contiguous(),
-                                    dpsum, lse_log2)
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+                                    dpsum, lse_log2, dq_accum)
     spec = BackwardSpec(config, gpu.arch, spec_dtype, head_dim, window != (-1, -1), varlen,
                         deterministic)
     semaphores = None

@@ -240,7 +240,7 @@ class PreprocessSpec:
 class PreprocessArgs(NamedTuple):
     """The preprocess launch's arguments: out and dout as the forward's q/out; lse as the
     forward's LSE; dlse like it or None; dpsum and lse_log2 as ``BackwardArgs``' (written,
-    padding included)."""
+    padding included); dq_accum as ``BackwardArgs``' (zeroed)."""
 
     out: Any
     dout: Any
@@ -248,6 +248,7 @@ class PreprocessArgs(NamedTuple):
     dlse: Any
     dpsum: Any
     lse_log2: Any
+    dq_accum: Any
 
 
 def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
@@ -258,7 +259,8 @@ def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen),
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen), _fake_row_stats(spec.varlen),
         _fake_row_stats(spec.varlen) if spec.with_dlse else None,
-        _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen))
+        _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen),
+        _fake_rows_tensor(cutlass.Float32, spec.head_dim, spec.varlen))
 
 
 def spec_from_dict(data: dict[str, Any]) -> ForwardSpec | BackwardSpec | PreprocessSpec:
