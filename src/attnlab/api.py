@@ -189,20 +189,24 @@ def _check_config_type(config: object) -> None:
 
 class _EagerCall:
     """What an eager call of one signature does after validation: allocate, launch, return;
-    or, when autograd has to record it, call the differentiable forward op."""
+    or, when autograd has to record it, the same through ``ops.EagerAttention`` (with the
+    LSE, which the backward needs: ``grad_launch``, built at the first such call)."""
 
     __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "return_lse",
-                 "op_args")
+                 "op_args", "problem", "config", "grad_launch")
 
-    def __init__(self, launch: runtime.Launch, q: torch.Tensor, varlen: bool,
-                 return_lse: bool, op_args: tuple):
+    def __init__(self, launch: runtime.Launch, q: torch.Tensor, problem: Problem,
+                 config: FlashConfig | None, return_lse: bool, op_args: tuple):
         self.launch = launch
         self.out_shape = q.shape
-        self.lse_shape = ops.lse_shape(q, varlen)
+        self.lse_shape = ops.lse_shape(q, problem.varlen)
         self.dtype = q.dtype
         self.device = q.device
         self.return_lse = return_lse
         self.op_args = op_args
+        self.problem = problem
+        self.config = config
+        self.grad_launch = launch if return_lse else None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None = None,
@@ -211,8 +215,7 @@ class _EagerCall:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             if out is not None:
                 raise RuntimeError(ops.NO_OUT_BACKWARD)
-            check_data_pointers(q, k, v)
-            out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *self.op_args)
+            out, lse = ops.EagerAttention.apply(q, k, v, self, cu_seqlens_q, cu_seqlens_k)
             return (out, lse) if self.return_lse else out
         if out is None:
             # Addresses are the one thing validation could not see: check them per call.
@@ -226,6 +229,19 @@ class _EagerCall:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         return (out, lse) if self.return_lse else out
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new ``(out, lse)`` (the LSE whatever ``return_lse``: the backward needs it)."""
+        check_data_pointers(q, k, v)
+        if self.grad_launch is None:
+            self.grad_launch = runtime.launch_for(q, k, v, None, self.problem, self.config,
+                                                  with_lse=True)
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        self.grad_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        return out, lse
 
 
 _calls: dict[tuple, _EagerCall] = {}
@@ -248,7 +264,7 @@ def _new_call(key: tuple | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The call of a validated signature, remembered under ``key`` (unless None)."""
     config, deterministic = options[3], options[4]
     call = _EagerCall(runtime.launch_for(q, k, v, out, problem, config, return_lse), q,
-                      problem.varlen, return_lse,
+                      problem, config, return_lse,
                       _op_args(problem, config, deterministic, max_seqlen_q, max_seqlen_k))
     if key is not None:
         runtime.remember(_calls, key, call)

@@ -206,6 +206,36 @@ def _backward(ctx, dout: torch.Tensor, dlse: torch.Tensor | None) -> tuple:
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class EagerAttention(torch.autograd.Function):
+    """The eager training path: ``call``'s memoised forward launch, and the backward, without
+    the custom op's dispatch on either side (its host cost showed in training steps at seq 2k);
+    ``torch.compile`` keeps ``attention_fwd`` and its registered formula. Both end in
+    ``backward.attention_backward``."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call,
+                cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = call.run(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = call.op_args
+        # An output the loss does not use has no gradient (not a tensor of zeros).
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor | None, dlse: torch.Tensor | None) -> tuple:
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        max_q, max_k, scale, left, right, *_, deterministic = ctx.args
+        from attnlab.backward import attention_backward
+
+        return (*attention_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k,
+                                    scale, (left, right), deterministic),
+                None, None, None)
+
+
 #: Why a call that writes the caller's ``out`` has no gradient.
 NO_OUT_BACKWARD = ("attnlab attention with out= is not differentiable (as torch's out= "
                    "functions are not): call it without out= to train, or under "
