@@ -301,3 +301,19 @@ def test_each_backward_kernel_matches_the_reference(kernel, window):
     ref = reference_grads(q, k, v, dout, window, scale)
     theirs = [g.nan_to_num(0.0) for g in sdpa_grads(q, k, v, dout, window, scale)]
     check_grads(ours, theirs, ref, f"{kernel} {window}")
+
+
+def test_sdpa_drop_in_is_differentiable():
+    """``attnlab.sdpa`` on BHSD inputs (torch's top-left causal, GQA): gradients within 1.5x
+    of torch SDPA's own error against the fp64 reference."""
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    q = randn(2, 8, 300, 64, dtype=torch.bfloat16, gen=gen).requires_grad_(True)
+    k = randn(2, 2, 300, 64, dtype=torch.bfloat16, gen=gen).requires_grad_(True)
+    v = randn(2, 2, 300, 64, dtype=torch.bfloat16, gen=gen).requires_grad_(True)
+    dout = randn(2, 8, 300, 64, dtype=torch.bfloat16, gen=gen)
+    ours = torch.autograd.grad(attnlab.sdpa(q, k, v, is_causal=True, enable_gqa=True),
+                               (q, k, v), dout)
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    ref = reference_grads(*bshd, dout.transpose(1, 2), (-1, 0), 0.125)
+    theirs = sdpa_grads(*bshd, dout.transpose(1, 2), (-1, 0), 0.125)
+    check_grads([g.transpose(1, 2) for g in ours], theirs, ref, "sdpa")
