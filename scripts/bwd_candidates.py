@@ -21,6 +21,7 @@ import torch
 from attnlab import backward, kernel_cache
 from attnlab.backward_config import BackwardConfig, default_backward
 from attnlab.bench.baselines import available_peers
+from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, measure_point, training_impl
 from attnlab.kernels.abi import BackwardSpec
 
@@ -92,9 +93,7 @@ def main() -> None:
         row = {"point": point.label(), "results": {
             r.impl: [r.tflops, r.device_tflops, r.error] for r in results}}
         rows.append(row)
-        cells = "  ".join(f"{r.impl} {r.tflops:.0f}({r.device_tflops:.0f})" if r.tflops
-                          else f"{r.impl} failed: {(r.error or '')[:80]}" for r in results)
-        print(f"{point.label()}: {cells}", flush=True)
+        print(one_line(point.label(), results), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bwd_candidates.json").write_text(json.dumps(rows, indent=1))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
+from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import FlashConfig
 from attnlab.kernels.abi import ForwardSpec
@@ -63,9 +64,7 @@ def main() -> None:
         for r in results:
             row[r.impl] = [r.tflops, r.device_tflops, r.error]
         rows.append(row)
-        cells = "  ".join(f"{r.impl} {r.tflops:.0f}({r.device_tflops:.0f})" if r.tflops
-                          else f"{r.impl} failed: {(r.error or '')[:80]}" for r in results)
-        print(f"{point.label()}: {cells}", flush=True)
+        print(one_line(point.label(), results), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_candidates.json").write_text(json.dumps(rows, indent=1))
 

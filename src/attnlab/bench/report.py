@@ -27,6 +27,14 @@ def impl_names(results: Sequence[Result]) -> list[str]:
     return list(dict.fromkeys(r.impl for r in results))
 
 
+def one_line(label: str, results: Sequence[Result]) -> str:
+    """A point's results on one line: ``label: impl e2e(device) ...`` (the sweep scripts'
+    progress output)."""
+    cells = "  ".join(f"{r.impl} {r.tflops:.0f}({r.device_tflops:.0f})" if r.tflops
+                      else f"{r.impl} failed: {(r.error or '')[:80]}" for r in results)
+    return f"{label}: {cells}"
+
+
 def bench_table(results: Sequence[Result], title: str) -> Table:
     """One row per point: TFLOP/s of each implementation end to end (device only in
     parentheses), and each one's ratio to the reference, the same two ways."""

@@ -36,7 +36,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from attnlab.kernels.abi import BackwardArgs, BackwardSpec
-from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.base import AttentionKernel, shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import stage_o, store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, acc_mn_view, row_copy
 from attnlab.kernels.common.mask import (
@@ -48,7 +48,6 @@ from attnlab.kernels.common.mask import (
     query_block_range,
 )
 from attnlab.kernels.common.tensors import (
-    element_type,
     load_rows,
     problem_tensors,
     sequence_rows,
@@ -66,17 +65,12 @@ def transposed(tile: cute.Tensor, rows: int, cols: int, stages: int | None = Non
                                                    stride=(rows, 1, rows * cols)))
 
 
-class BackwardKernel:
+class BackwardKernel(AttentionKernel):
     """Compile-time description of one backward kernel (a ``BackwardSpec``); called
     (through ``cute.compile``) with the ``kernels.abi.BackwardArgs`` and a stream."""
 
     def __init__(self, spec: BackwardSpec):
-        spec.config.check_problem(spec.head_dim, arch=None)
-        self.cfg = spec.config
-        self.head_dim = spec.head_dim
-        self.dtype = element_type(spec.dtype)
-        self.windowed = spec.windowed
-        self.varlen = spec.varlen
+        super().__init__(spec)
         self.deterministic = spec.deterministic
 
     # ---- what an architecture supplies -------------------------------------------------------

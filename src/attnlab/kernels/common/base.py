@@ -11,21 +11,26 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.abi import ForwardArgs, ForwardSpec
+from attnlab.kernels.abi import ForwardArgs
 from attnlab.kernels.common.tensors import element_type, problem_tensors
 from attnlab.kernels.common.tile_scheduler import TileScheduler, heads_per_section
 
 
-class ForwardKernel:
-    """Compile-time description of one forward kernel (a ``ForwardSpec``)."""
+class AttentionKernel:
+    """What a forward or backward kernel class reads off its spec: the config (checked for
+    the head dim), head dim, element type and variant flags."""
 
-    def __init__(self, spec: ForwardSpec):
+    def __init__(self, spec):
         spec.config.check_problem(spec.head_dim, arch=None)
         self.cfg = spec.config
         self.head_dim = spec.head_dim
         self.dtype = element_type(spec.dtype)
         self.windowed = spec.windowed
         self.varlen = spec.varlen
+
+
+class ForwardKernel(AttentionKernel):
+    """Compile-time description of one forward kernel (a ``ForwardSpec``)."""
 
     @cute.jit
     def __call__(
