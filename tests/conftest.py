@@ -12,7 +12,7 @@ import attnlab
 from attnlab import api, device, dispatch, kernel_cache, reference, validation
 from attnlab.device import DeviceInfo
 from attnlab.kernel_cache import CompiledKernel
-from attnlab.kernels.abi import UNBOUNDED_SIDE, ForwardSpec
+from attnlab.kernels.abi import UNBOUNDED_SIDE, BackwardSpec, ForwardSpec, PreprocessSpec
 
 MakeQKV = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -116,9 +116,11 @@ class Recorder:
         self.problems.append(problem)
         return self.default
 
-    def kernel(self, spec: ForwardSpec) -> CompiledKernel:
+    def kernel(self, spec: ForwardSpec | BackwardSpec | PreprocessSpec) -> CompiledKernel:
         self.specs.append(spec)
-        return CompiledKernel(functools.partial(self._launch, spec), spec, 128, None)
+        launch = {BackwardSpec: _backward_kernel, PreprocessSpec: _preprocess_kernel}.get(
+            type(spec), self._launch)
+        return CompiledKernel(functools.partial(launch, spec), spec, 128, None)
 
     def _launch(self, spec: ForwardSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
@@ -141,6 +143,56 @@ class Recorder:
         out.copy_(want_out)
         if lse is not None:
             lse.copy_(want_lse)
+
+
+def _preprocess_kernel(spec: PreprocessSpec, out, dout, lse, dlse, dpsum, lse_log2,
+                       dq_accum) -> None:
+    """The preprocess kernel's contract in torch: D and L in log2 per row, padded."""
+    rows = out.shape[-3]
+    d = (dout.double() * out.double()).sum(-1).transpose(-1, -2)
+    if dlse is not None:
+        d = d - dlse
+    dpsum.zero_()
+    dpsum[..., :rows] = d
+    lse_log2.zero_()
+    lse_log2[..., :rows] = torch.where(lse == -torch.inf, torch.inf, lse * 1.4426950408889634)
+    dq_accum.zero_()
+
+
+def _backward_kernel(spec: BackwardSpec, q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv,
+                     cu_q, cu_k, scale, left, right, max_seqlen_k, semaphores) -> None:
+    """The backward kernel's contract in torch (fp64): P from L in log2, dS from D, per
+    sequence and head, GQA summed; dq_accum added to, dk and dv written."""
+    window = tuple(-1 if side == UNBOUNDED_SIDE else side for side in (left, right))
+    if cu_q is None:
+        seqs = [(q[b], k[b], v[b], dout[b], lse_log2[b], dpsum[b], dq_accum[b], dk[b], dv[b])
+                for b in range(q.shape[0])]
+    else:
+        seqs = []
+        for i in range(len(cu_q) - 1):
+            sq, sk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+            seqs.append((q[sq], k[sk], v[sk], dout[sq], lse_log2[:, sq], dpsum[:, sq],
+                         dq_accum[sq], dk[sk], dv[sk]))
+    group = q.shape[-2] // k.shape[-2]
+    for sq_, sk_, sv_, sdo, sl, sd, sdq, sdk, sdv in seqs:
+        seqlen_q, seqlen_k = sq_.shape[0], sk_.shape[0]
+        mask = reference.window_mask(seqlen_q, seqlen_k, window)
+        grad_k = torch.zeros(sk_.shape, dtype=torch.float64)
+        grad_v = torch.zeros(sv_.shape, dtype=torch.float64)
+        for h in range(q.shape[-2]):
+            kv = h // group
+            qh, kh, vh, doh = (t.double() for t in (sq_[:, h], sk_[:, kv], sv_[:, kv],
+                                                    sdo[:, h]))
+            s_ = qh @ kh.T * scale * 1.4426950408889634 - sl[h, :seqlen_q].double()[:, None]
+            p = torch.exp2(s_)
+            if mask is not None:
+                p = p.masked_fill(~mask, 0.0)
+            ds = p * (doh @ vh.T - sd[h, :seqlen_q].double()[:, None])
+            grad_v[:, kv] += p.T @ doh
+            grad_k[:, kv] += scale * ds.T @ qh
+            sdq[:, h] += (scale * ds @ kh).float()
+        sdk.copy_(grad_k)
+        sdv.copy_(grad_v)
 
 
 @pytest.fixture

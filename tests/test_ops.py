@@ -15,7 +15,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnlab
+import attnlab.reference
 from attnlab import ladder, ops
+from attnlab.kernels.abi import BackwardSpec, PreprocessSpec
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -280,3 +282,83 @@ def test_compiled_returns_what_the_launch_wrote(make_qkv, recorder: Recorder,
     (launch,) = recorder.launches
     assert launch["window"] == (-1, 0) and launch["k"].shape[2] == 1
     assert torch.equal(got, launch["out"])
+
+
+# --------------------------------------------------------------------------------------------
+# Training on CPU: the Recorder's backward stand-ins implement the kernels' contract (P from
+# L in log2, dS from D) in fp64, so the whole path above them runs for real: the eager
+# autograd.Function, the backward's memoised launch and preprocess contract, the LSE's
+# gradient, GQA, varlen, and the custom op's formula under torch.compile.
+def _ref_grads(q, k, v, dout, dlse=None, **options):
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out, lse = attnlab.reference.attention(*leaves, return_lse=True,
+                                           compute_dtype=torch.float64, **options)
+    outputs, grads = (out,), (dout.double(),)
+    if dlse is not None:
+        outputs, grads = (out, lse), (dout.double(), dlse.double())
+    return torch.autograd.grad(outputs, leaves, grads)
+
+
+def _close(ours, ref) -> None:
+    for o, r in zip(ours, ref, strict=True):
+        assert not o.isnan().any()
+        err = (torch.linalg.vector_norm(o.double() - r) / torch.linalg.vector_norm(r)).item()
+        assert err < 2e-2, err
+
+
+def test_eager_training_path_matches_the_reference(make_qkv, recorder: Recorder) -> None:
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(2, 24, 40, 4, 64, heads_kv=2, seed=7))
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    dlse = torch.randn(2, 4, 24)
+    out, lse = attnlab.attention(q, k, v, causal=True, return_lse=True)
+    ours = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    _close(ours, _ref_grads(q, k, v, dout, dlse, causal=True))
+    # Output only: the LSE's gradient is absent, not zeros.
+    ours = torch.autograd.grad(attnlab.attention(q, k, v, window_size=(5, 3)), (q, k, v), dout)
+    _close(ours, _ref_grads(q, k, v, dout, window_size=(5, 3)))
+    kinds = {type(spec).__name__ for spec in recorder.specs}
+    assert {"ForwardSpec", "PreprocessSpec", "BackwardSpec"} <= kinds
+    assert any(isinstance(s, PreprocessSpec) and s.with_dlse for s in recorder.specs)
+
+
+def test_varlen_training_path_matches_per_sequence_reference(make_varlen, recorder) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k = make_varlen([5, 0, 9], [7, 3, 0], heads=2, seed=4)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    out = attnlab.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                   deterministic=True)
+    ours = torch.autograd.grad(out, (q, k, v), dout)
+    refs = [[], [], []]
+    for b in range(3):
+        sq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        sk = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        part = [t.detach()[None, s] for t, s in ((q, sq), (k, sk), (v, sk))]
+        if part[0].shape[1] and part[1].shape[1]:
+            grads = _ref_grads(*part, dout[None, sq], causal=True)
+        else:
+            grads = [torch.zeros(t.shape, dtype=torch.float64) for t in part]
+        for i in range(3):
+            refs[i].append(grads[i][0])
+    _close(ours, [torch.cat(r) for r in refs])
+    assert any(isinstance(s, BackwardSpec) and s.deterministic and s.varlen
+               for s in recorder.specs)
+
+
+def test_compiled_training_path_equals_eager(make_qkv, recorder: Recorder,
+                                             fresh_dynamo) -> None:
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(2, 16, 16, 2, 64, seed=9))
+    dout = torch.randn(q.shape, dtype=q.dtype)
+
+    def loss(q, k, v):
+        return (attnlab.attention(q, k, v, causal=True).float() * dout.float()).sum()
+
+    eager = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    traced = torch.autograd.grad(compiled(loss)(q, k, v), (q, k, v))
+    for a, b in zip(eager, traced, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_out_is_not_differentiable(make_qkv, recorder: Recorder) -> None:
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(1, 8, 8, 2, 64))
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        attnlab.attention(q, k, v, out=torch.empty_like(q))

@@ -282,8 +282,11 @@ def _op_args(problem: Problem, config: FlashConfig | None, deterministic: bool,
 
 def forget_calls() -> None:
     """Forget every call signature (their configs are chosen again at the next call)."""
+    from attnlab import backward
+
     _calls.clear()
     runtime.forget()
+    backward.forget()
 
 
 def _traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

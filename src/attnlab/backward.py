@@ -129,3 +129,8 @@ def attention_backward(
                                 max_seqlen_k, softmax_scale, window, deterministic, config)
         runtime.remember(_launches, key, launch)
     return launch(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k)
+
+
+def forget() -> None:
+    """Drop every remembered backward launch."""
+    _launches.clear()

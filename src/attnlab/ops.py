@@ -11,8 +11,10 @@ Two ops, each taking dense (BSHD) and packed varlen inputs alike, as
 
 ``attnlab::attention_fwd`` is differentiable: its autograd formula (``torch.library.
 register_autograd``) saves q, k, v, out and lse and calls ``attnlab::attention_bwd``
-(:func:`attnlab.backward.attention_backward`), eager and compiled alike. The mutating op is not
-differentiable, as torch's own ``out=`` functions are not.
+(:func:`attnlab.backward.attention_backward`); that is what a compiled graph records. An eager
+call whose inputs require grad skips the custom op's dispatch: ``EagerAttention`` wraps the
+memoised forward launch and the same backward. The mutating op is not differentiable, as
+torch's own ``out=`` functions are not.
 
 Their fake (meta) implementations allocate exactly what the real ones do, so torch.compile
 sees the right shapes, dtypes and strides without running a kernel. The real implementation is

@@ -50,6 +50,7 @@ from attnlab.kernels.common.mask import (
 from attnlab.kernels.common.tensors import (
     load_rows,
     problem_tensors,
+    sequence_extent,
     sequence_rows,
 )
 
@@ -171,12 +172,8 @@ class BackwardKernel(AttentionKernel):
         group = mQ.shape[2] // mK.shape[2]
 
         # ---- this CTA's sequence and its walk over query blocks ---------------------------
-        batch, q_start, k_start = seq, 0, 0
-        seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
-        if cutlass.const_expr(self.varlen):
-            batch = 0
-            q_start, k_start = mCuQ[seq], mCuK[seq]
-            seqlen_q, seqlen_k = mCuQ[seq + 1] - q_start, mCuK[seq + 1] - k_start
+        batch, q_start, k_start, seqlen_q, seqlen_k = sequence_extent(
+            seq, mQ, mK, mCuQ, mCuK, self.varlen)
         key0 = n_block * B_c
         m_min, m_max = query_block_range(key0, seqlen_q, seqlen_k, window_left, window_right,
                                          B_c, B_r, self.windowed)

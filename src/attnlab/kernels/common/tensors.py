@@ -35,6 +35,17 @@ def problem_tensors(tensors: tuple, varlen: bool) -> tuple:
     return tensors
 
 
+def sequence_extent(seq, mQ: cute.Tensor, mK: cute.Tensor, mCuQ: cute.Tensor,
+                    mCuK: cute.Tensor, varlen: bool) -> tuple:
+    """``(batch, q_start, k_start, seqlen_q, seqlen_k)`` of sequence ``seq``: a batch
+    element (starts 0, Python ints), or rows of the packed tensors located by ``cu_seqlens``
+    (the kernels' views are then a batch of one)."""
+    if varlen:
+        q_start, k_start = mCuQ[seq], mCuK[seq]
+        return 0, q_start, k_start, mCuQ[seq + 1] - q_start, mCuK[seq + 1] - k_start
+    return seq, 0, 0, mQ.shape[1], mK.shape[1]
+
+
 @cute.jit
 def sequence_rows(tensor: cute.Tensor, batch, start, head) -> cute.Tensor:
     """The (rows, head_dim) view of one sequence and head, starting at row ``start`` of its

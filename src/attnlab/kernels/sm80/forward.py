@@ -73,7 +73,7 @@ from attnlab.kernels.common.mask import (
     phase_masked,
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
-from attnlab.kernels.common.tensors import load_rows, sequence_rows
+from attnlab.kernels.common.tensors import load_rows, sequence_extent, sequence_rows
 from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm80.ldmatrix_gemm import gemm
@@ -240,12 +240,8 @@ class FlashForwardSm80(ForwardKernel):
         head_kv = head // (mQ.shape[2] // mK.shape[2])
 
         # ---- this CTA's sequence: its rows in the (possibly packed) tensors ---------------
-        batch, q_start, k_start = seq, 0, 0
-        seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
-        if cutlass.const_expr(self.varlen):
-            batch = 0
-            q_start, k_start = mCuQ[seq], mCuK[seq]
-            seqlen_q, seqlen_k = mCuQ[seq + 1] - q_start, mCuK[seq + 1] - k_start
+        batch, q_start, k_start, seqlen_q, seqlen_k = sequence_extent(
+            seq, mQ, mK, mCuQ, mCuK, self.varlen)
         row0 = m_block * cfg.block_m
         n_min, n_max = kv_block_range(row0, seqlen_q, seqlen_k, window_left, window_right,
                                       cfg.block_m, cfg.block_n, self.windowed)
