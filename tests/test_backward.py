@@ -108,3 +108,19 @@ def test_preprocess_kernel_reads_whole_rows_by_vectors(arch, varlen, with_dlse, 
     ops = histogram(parse(disassemble(compile_spec(spec, tmp_path).cubin)))
     assert ops["LDG"] >= 2 * 128 // 8
     assert ops["STG"] == 2 + 128 * 4 // 16
+
+
+def test_warm_covers_every_default_backward_kernel():
+    """``attnlab cache --warm`` compiles what a training step runs by default."""
+    from attnlab.kernels.abi import PreprocessSpec
+    from attnlab.policy import default_backward_specs
+
+    for arch in ("sm_80", "sm_90a"):
+        specs = default_backward_specs(arch)
+        assert len(specs) == len(set(specs))
+        backward = [s for s in specs if isinstance(s, BackwardSpec)]
+        assert {(s.head_dim, s.dtype, s.windowed, s.varlen) for s in backward} == {
+            (hd, dt, w, v) for hd in BACKWARD_HEAD_DIMS for dt in ("float16", "bfloat16")
+            for w in (False, True) for v in (False, True)}
+        assert all(s.config == default_backward(s.head_dim, arch, s.varlen) for s in backward)
+        assert sum(isinstance(s, PreprocessSpec) for s in specs) == len(backward)

@@ -8,8 +8,9 @@ in ``docs/ladder.md`` that measured it.
 
 from __future__ import annotations
 
+from attnlab.backward_config import BACKWARD_HEAD_DIMS, default_backward
 from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, FlashConfig
-from attnlab.kernels.abi import ForwardSpec
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
 from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family, k07_for
 
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
@@ -135,3 +136,19 @@ def default_specs(arch: str) -> list[ForwardSpec]:
                 specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
                                       with_lse=with_lse) for with_lse in (False, True)]
     return list(dict.fromkeys(specs))
+
+
+def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
+    """The backward kernels a training step runs on ``arch`` by default: every backward head
+    dim and dtype, dense and packed, plain and masked, and the preprocess with and without
+    the LSE's gradient. What ``attnlab cache --warm`` compiles beside ``default_specs``."""
+    specs: list[BackwardSpec | PreprocessSpec] = []
+    for head_dim in BACKWARD_HEAD_DIMS:
+        for dtype in SUPPORTED_DTYPES:
+            for varlen in (False, True):
+                config = default_backward(head_dim, arch, varlen)
+                specs += [BackwardSpec(config, arch, dtype, head_dim, windowed, varlen)
+                          for windowed in (False, True)]
+                specs += [PreprocessSpec(arch, dtype, head_dim, varlen, with_dlse)
+                          for with_dlse in (False, True)]
+    return specs
