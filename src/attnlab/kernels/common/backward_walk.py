@@ -23,7 +23,7 @@ to whole query blocks.
 
 An architecture's class supplies the shared-memory layouts and tensors, the tiled MMAs and
 the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``, ``gemm_s_dp``,
-``gemm_dkv``, ``gemm_dq``, ``publish_ds``, ``add_dq``): ``mma.sync`` with ``ldmatrix``
+``gemm_dkv``, ``gemm_dq``, ``smem_to_mma``, ``add_dq``): ``mma.sync`` with ``ldmatrix``
 (``kernels/sm80/backward.py``) or warpgroup MMAs reading shared memory through descriptors
 (``kernels/sm90/backward.py``).
 """
@@ -293,13 +293,9 @@ class BackwardKernel(AttentionKernel):
     def dq_added(self, tidx):
         """Wait until this thread's dQ adds have been performed (``deterministic``)."""
 
-    def publish_ds(self):
-        """Make dS^T, written to shared memory by every thread, visible to the dQ GEMM."""
-        cute.arch.sync_threads()
-
-    def loads_landed(self):
-        """After this thread's ``cp.async`` copies have landed: make every thread's visible
-        to the MMAs."""
+    def smem_to_mma(self):
+        """A CTA barrier after which every thread's shared-memory writes (``cp.async``
+        copies that have landed, dS^T's stores) are visible to the MMAs."""
         cute.arch.sync_threads()
 
     @cute.jit
@@ -319,7 +315,7 @@ class BackwardKernel(AttentionKernel):
             # The ring: this block was issued an iteration ago. After this barrier every
             # thread is done with the previous block (and dS^T), so its stage takes the next.
             cute.arch.cp_async_wait_group(0)
-            self.loads_landed()
+            self.smem_to_mma()
             next_m, next_g = m_block + 1, g
             if next_m >= m_max:
                 next_m, next_g = m_min, g + 1
@@ -334,7 +330,7 @@ class BackwardKernel(AttentionKernel):
                                    head, m_block, 0, seqlen_q, tidx)
                 cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
-            self.loads_landed()
+            self.smem_to_mma()
 
         ncols = cute.size(tScS_mn, mode=[1])
         sLSE, sdPsum = ring[1][2], ring[1][3]
@@ -374,7 +370,7 @@ class BackwardKernel(AttentionKernel):
         rdS.store(acc_dP.load().to(self.dtype))
         self.gemm_dkv(ops, stage, rP, rdS, acc_dK, acc_dV,
                       lambda: store_fragment(rdS, sdS, mmas[0], tidx))
-        self.publish_ds()
+        self.smem_to_mma()
 
         # dQ_i += dS K_j, added to dq_accum (in block order when deterministic).
         acc_dQ = self.gemm_dq(ops)

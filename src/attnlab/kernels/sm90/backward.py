@@ -175,12 +175,8 @@ class FlashBackwardSm90(BackwardKernel):
     def dq_added(self, tidx):
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
-    def publish_ds(self):
-        # Generic-proxy stores, read next by wgmma (async proxy).
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.sync_threads()
-
-    def loads_landed(self):
-        # cp.async writes through the generic proxy; wgmma reads through the async one.
+    def smem_to_mma(self):
+        # cp.async copies and st.shared write through the generic proxy; wgmma reads
+        # through the async one.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_threads()
