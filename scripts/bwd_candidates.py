@@ -30,7 +30,9 @@ VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "stages1": {"q_stages": 1},
     "bm128": {"block_m": 128},
-    "mma_sync": {"wgmma": False},
+    "bm64": {"block_m": 64},
+    "mma_sync": {"wgmma": False, "producer_warp": False},
+    "cp_async": {"producer_warp": False},
 }
 
 

@@ -19,13 +19,19 @@ import torch
 
 from attnlab import device, kernel_cache, runtime
 from attnlab.backward_config import BackwardConfig, default_backward
-from attnlab.kernels.abi import BackwardSpec, PreprocessSpec, encode_window
+from attnlab.kernels.abi import (
+    STATS_ROW_MULTIPLE,
+    BackwardSpec,
+    PreprocessSpec,
+    encode_window,
+)
 
 
 def _padded_rows(q: torch.Tensor, varlen: bool, block_m: int) -> int:
-    # Packed: one block past the last sequence's start covers every block's read.
+    # Packed: one block past the last sequence's start covers every block's read, rounded to
+    # whole 16-byte rows (the TMA copies' stride granularity).
     if varlen:
-        return q.shape[0] + block_m
+        return -(-(q.shape[0] + block_m) // STATS_ROW_MULTIPLE) * STATS_ROW_MULTIPLE
     return -(-q.shape[1] // block_m) * block_m
 
 

@@ -18,9 +18,6 @@ from attnlab.config import MMA_M, SMEM_CAPACITY, ConfigError
 #: Head dims the backward serves: dK and dV of a warp's 16 key rows live in registers (D
 #: fp32 values per thread), which caps D at 128.
 BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128)
-#: Padding (floats) of the wgmma kernel's fp32 dQ staging rows: 8 rows of a warp's column
-#: pairs then fill the 32 banks twice, the fewest wavefronts its 64-bit stores can take.
-DQ_ROW_PAD = 8
 
 
 @dataclass(frozen=True)
@@ -39,6 +36,10 @@ class BackwardConfig:
             8 warps) issue warpgroup MMAs that read Q, dO, K, V and dS from shared memory
             through descriptors; B_r = 64 (dQ's two warpgroups split the head dim) or 128
             (they split the query rows).
+        producer_warp: with ``wgmma``, warp specialisation: a producer warp loads Q_i,
+            dO_i, L_i and D_i by TMA into a ring guarded by full/empty barriers, so the
+            consumer warpgroups meet once per query block (dS^T written; its tile is double
+            buffered) instead of three times (loads landed, dS^T written, ring reused).
     """
 
     block_m: int = 64
@@ -47,6 +48,7 @@ class BackwardConfig:
     q_stages: int = 2
     dq_warps_m: int = 0
     wgmma: bool = False
+    producer_warp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "q_stages"):
@@ -67,6 +69,8 @@ class BackwardConfig:
                            or self.block_m not in (64, 128)):
             raise ConfigError("wgmma needs block_n 128, num_warps 8 (two warpgroups of 64 "
                               "key rows), block_m 64 or 128 and no dq_warps_m")
+        if self.producer_warp and not self.wgmma:
+            raise ConfigError("producer_warp needs wgmma (the TMA ring feeds warpgroup MMAs)")
         wm = self.dq_warps[0]
         if self.num_warps % wm or self.block_m % (MMA_M * wm):
             raise ConfigError(f"dq_warps_m={wm} must divide num_warps={self.num_warps} and "
@@ -83,7 +87,20 @@ class BackwardConfig:
 
     @property
     def num_threads(self) -> int:
+        """Threads of the MMA warps (the consumers when ``producer_warp``)."""
         return 32 * self.num_warps
+
+    @property
+    def launch_threads(self) -> int:
+        """Threads per CTA: the MMA warps and, with ``producer_warp``, the producer
+        warpgroup."""
+        return self.num_threads + (128 if self.producer_warp else 0)
+
+    @property
+    def ds_stages(self) -> int:
+        """dS^T buffers: two when no CTA barrier separates one block's dQ from the next
+        block's dS^T store (``producer_warp``)."""
+        return 2 if self.producer_warp else 1
 
     def replace(self, **changes: object) -> BackwardConfig:
         return dataclasses.replace(self, **changes)
@@ -98,18 +115,26 @@ class BackwardConfig:
     def short_name(self) -> str:
         """E.g. ``bwd(64, 128, 8): q_stages_2``."""
         flags = ["wgmma"] if self.wgmma else []
+        if self.producer_warp:
+            flags.append("producer_warp")
         flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """K and V, ``q_stages`` Q and dO tiles, the dS^T tile, L and D, and with wgmma dQ's
-        fp32 staging tile."""
+        """K and V, ``q_stages`` Q and dO tiles, the dS^T tiles, L and D, and with wgmma dQ's
+        fp32 staging tile (and the ring's barriers)."""
         rows = 2 * self.block_n + 2 * self.q_stages * self.block_m
-        stats = 2 * 4 * self.block_m * self.q_stages
-        staging = self.block_m * (head_dim + DQ_ROW_PAD) * 4 if self.wgmma else 0
-        return (rows * head_dim + self.block_n * self.block_m) * elem_bytes + stats + staging
+        # L and D per stage; a producer's stages are whole 128-byte lines with room for a
+        # packed sequence's 16-byte-aligned start.
+        stats_rows = -(-(self.block_m + 4) // 32) * 32 if self.producer_warp else self.block_m
+        stats = 2 * 4 * stats_rows * self.q_stages
+        # One 1024-byte-aligned fp32 box per warp (the TMA reduce's source).
+        staging = self.block_m * head_dim * 4 + 1024 if self.wgmma else 0
+        barriers = 16 * self.q_stages if self.producer_warp else 0
+        return ((rows * head_dim + self.ds_stages * self.block_n * self.block_m) * elem_bytes
+                + stats + staging + barriers)
 
     def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:
         """Reject a config that cannot serve ``head_dim`` on ``arch`` (ConfigError)."""
@@ -143,7 +168,8 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
     if arch == "sm_90a":
-        return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64)
+        return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
+                              producer_warp=True)
     block_m = 32 if varlen and head_dim == 128 else 64
     candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
         {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},

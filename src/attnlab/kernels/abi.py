@@ -38,6 +38,9 @@ CANONICAL_HEADS = 16
 TILE_ALIGN_BYTES = 16
 #: Stride divisibility (elements) of q/k/v/out: 16 bytes of 16-bit elements.
 STRIDE_DIVISIBILITY = 8
+#: The backward's L and D rows per head are a multiple of this (16 bytes of fp32: a TMA
+#: copy's stride granularity).
+STATS_ROW_MULTIPLE = 4
 
 DTYPES = ("float16", "bfloat16")
 
@@ -259,7 +262,7 @@ def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen),
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen), _fake_row_stats(spec.varlen),
         _fake_row_stats(spec.varlen) if spec.with_dlse else None,
-        _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen),
+        _fake_row_stats(spec.varlen, padded=True), _fake_row_stats(spec.varlen, padded=True),
         _fake_rows_tensor(cutlass.Float32, spec.head_dim, spec.varlen))
 
 
@@ -325,17 +328,21 @@ def _fake_rows_tensor(dtype, head_dim: int, varlen: bool, strides=None):
                             assumed_align=TILE_ALIGN_BYTES)
 
 
-def _fake_row_stats(varlen: bool):
-    """A symbolic fp32 per-row tensor ``[B, H, S]`` or ``[H, total]`` (the LSE's layout)."""
+def _fake_row_stats(varlen: bool, padded: bool = False):
+    """A symbolic fp32 per-row tensor ``[B, H, S]`` or ``[H, total]`` (the LSE's layout);
+    ``padded``: the backward's L and D, whose rows are padded to a multiple of 4 and whose
+    base is 16-byte aligned, as a TMA copy needs."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
     # One symbol per size (a repeated symbol would make TVM-FFI require equal sizes).
     rows = 2 if varlen else 3
-    stride = (cute.sym_int64(), *(cute.sym_int32() for _ in range(rows - 2)), 1)
+    div = STATS_ROW_MULTIPLE if padded else 1
+    stride = (cute.sym_int64(divisibility=div),
+              *(cute.sym_int32(divisibility=div) for _ in range(rows - 2)), 1)
     return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(rows)),
-                            stride=stride, assumed_align=4)
+                            stride=stride, assumed_align=4 * div)
 
 
 def _fake_cu_seqlens():
@@ -363,7 +370,8 @@ def fake_backward_args(spec: BackwardSpec) -> BackwardArgs:
     if spec.deterministic:
         semaphores = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,),
                                       assumed_align=4)
-    return BackwardArgs(*tiles, _fake_row_stats(spec.varlen), _fake_row_stats(spec.varlen),
+    return BackwardArgs(*tiles, _fake_row_stats(spec.varlen, padded=True),
+                        _fake_row_stats(spec.varlen, padded=True),
                         dq_accum, *grads, cu_q, cu_k, cutlass.Float32(1.0), cutlass.Int32(0),
                         cutlass.Int32(0), cutlass.Int32(1), semaphores)
 

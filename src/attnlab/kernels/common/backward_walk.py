@@ -11,21 +11,26 @@ registers, no extra pass). Per block:
 * dP^T = V_j dO_i^T and dS^T = P^T * (dP^T - D_i), D_i = rowsum(dO_i * O_i) (preprocess);
 * dV_j += P^T dO_i and dK_j += dS^T Q_i with P^T and dS^T straight from the accumulator
   registers (the forward's P V trick);
-* dS^T goes to shared memory once, and dQ_i += dS K_j is added to an fp32 ``dq_accum`` with
-  ``red.global.add.f32``. ``deterministic`` makes the K/V blocks add in block order: each CTA
-  waits on a per-(sequence, head, query block) counter for the blocks before it.
+* dS^T goes to shared memory once, and dQ_i += dS K_j is added to an fp32 ``dq_accum``
+  (``add_dq``: ``red.global.add.f32``, or TMA reduce-adds on sm_90a). ``deterministic``
+  makes the K/V blocks add in block order: each CTA waits on a per-(sequence, head, query
+  block) counter for the blocks before it.
 
-Q_i, dO_i, L_i and D_i are a ring of ``q_stages`` loaded by ``cp.async`` (the next block
-loads while this one computes). The mask is the forward's read the other way round
-(``mask.query_block_range``, ``masked_query_bounds``): blocks wholly inside the band run a
-body with no mask code. Rows past the sequences are zero-filled; the preprocess pads L and D
-to whole query blocks.
+Q_i, dO_i, L_i and D_i are a ring of ``q_stages``: loaded by ``cp.async`` (the next block
+loads while this one computes, a CTA barrier hands each stage over), or with
+``producer_warp`` by an architecture's producer warp (``produce``) behind full/empty
+barriers, the MMA warps then being its consumers. The mask is the forward's read the other
+way round (``mask.query_block_range``, ``masked_query_bounds``): blocks wholly inside the band
+run a body with no mask code. Rows past the sequences are zero-filled by ``cp.async`` (a TMA
+box reads the next packed sequence's, whose P the masked body zeroes); the preprocess pads L
+and D to whole query blocks.
 
 An architecture's class supplies the shared-memory layouts and tensors, the tiled MMAs and
-the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``, ``gemm_s_dp``,
-``gemm_dkv``, ``gemm_dq``, ``smem_to_mma``, ``add_dq``): ``mma.sync`` with ``ldmatrix``
-(``kernels/sm80/backward.py``) or warpgroup MMAs reading shared memory through descriptors
-(``kernels/sm90/backward.py``).
+the five GEMMs (``smem_layouts``, ``smem_tensor``, ``tiled_mmas``, ``operands``,
+``gemm_s_dp``, ``gemm_dkv_dq``, ``block_done``, ``smem_to_mma``, ``add_dq``; with
+``producer_warp`` also ``tma_atoms``, ``ring_pipeline``, ``produce`` and
+``consumers_sync``): ``mma.sync`` with ``ldmatrix`` (``kernels/sm80/backward.py``) or
+warpgroup MMAs reading shared memory through descriptors (``kernels/sm90/backward.py``).
 """
 
 import math
@@ -33,9 +38,10 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync
 
-from attnlab.kernels.abi import BackwardArgs, BackwardSpec
+from attnlab.kernels.abi import STATS_ROW_MULTIPLE, BackwardArgs, BackwardSpec
 from attnlab.kernels.common.base import AttentionKernel, shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import stage_o, store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, acc_mn_view, row_copy
@@ -55,6 +61,10 @@ from attnlab.kernels.common.tensors import (
 )
 
 LOG2_E = math.log2(math.e)
+#: Registers per thread after ``setmaxnreg`` with ``producer_warp``: the producer warpgroup
+#: gives its registers to the two MMA warpgroups (3 x 128 threads share the SM's 64K).
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
 
 
 def transposed(tile: cute.Tensor, rows: int, cols: int, stages: int | None = None
@@ -76,7 +86,7 @@ class BackwardKernel(AttentionKernel):
 
     # ---- what an architecture supplies -------------------------------------------------------
     def smem_layouts(self) -> tuple:
-        """Shared-memory layouts of (Q and dO stages, K and V, dS^T)."""
+        """Shared-memory layouts of (Q and dO stages, K and V, dS^T stages)."""
         raise NotImplementedError
 
     def smem_tensor(self, buffer, layout) -> cute.Tensor:
@@ -97,6 +107,38 @@ class BackwardKernel(AttentionKernel):
     def extra_smem(self) -> dict:
         """Shared-memory fields beyond the common ones."""
         return {}
+
+    @property
+    def stats_box(self) -> int:
+        """L and D rows per ring stage. A TMA box must start on 16 bytes, and a packed
+        sequence's rows start anywhere: the producer then loads from the 16-byte row at or
+        before the block's first, ``STATS_ROW_MULTIPLE`` rows more."""
+        extra = STATS_ROW_MULTIPLE if self.varlen and self.cfg.producer_warp else 0
+        return self.cfg.block_m + extra
+
+    @property
+    def stats_stride(self) -> int:
+        """Floats between ring stages of L (and D): whole 128-byte lines, where a TMA copy
+        lands."""
+        return -(-self.stats_box // 32) * 32
+
+    def tma_atoms(self, t: BackwardArgs, layouts: tuple):
+        """Host side: the kernel's TMA atoms (what ``produce`` copies with, dQ's reduce), or
+        None."""
+        return None
+
+    def ring_pipeline(self, storage):
+        """The ring's full/empty barriers (``producer_warp``), initialised; else None."""
+        return None
+
+    def produce(self, loads, pipe, ring: tuple, walk: tuple) -> None:
+        """The producer warp (``producer_warp``): every query block of the walk into the
+        ring, in the consumers' order."""
+        raise NotImplementedError
+
+    def consumers_sync(self) -> None:
+        """A barrier of the MMA warps only."""
+        cute.arch.sync_threads()
 
     @staticmethod
     def tiled_mmas_of(ops: tuple) -> tuple:
@@ -129,7 +171,7 @@ class BackwardKernel(AttentionKernel):
         layouts = self.smem_layouts()
         q_layout, kv_layout, ds_layout = layouts
         stats = cute.struct.Align[cute.struct.MemRange[cutlass.Float32,
-                                                       cfg.block_m * cfg.q_stages], 128]
+                                                       self.stats_stride * cfg.q_stages], 128]
         SharedStorage = shared_storage({
             "sQ": shared_tile(self.dtype, q_layout), "sdO": shared_tile(self.dtype, q_layout),
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
@@ -152,8 +194,9 @@ class BackwardKernel(AttentionKernel):
         self.kernel(t.q, t.k, t.v, t.dout, t.lse_log2, t.dpsum, t.dq_accum, t.dk, t.dv,
                     t.cu_seqlens_q, t.cu_seqlens_k, t.softmax_scale, t.window_left,
                     t.window_right, t.semaphores, layouts, copies, self.tiled_mmas(),
-                    SharedStorage,
-                    ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
+                    self.tma_atoms(t, layouts), SharedStorage,
+                    ).launch(grid=grid, block=[cfg.launch_threads, 1, 1], stream=stream,
+                             min_blocks_per_mp=1)
 
     # ---- device side -----------------------------------------------------------------------
     @cute.kernel
@@ -161,12 +204,11 @@ class BackwardKernel(AttentionKernel):
                mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
                mdV: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
                softmax_scale: cutlass.Float32, window_left: cutlass.Int32,
-               window_right: cutlass.Int32, mSem: cute.Tensor, layouts, copies, mmas,
+               window_right: cutlass.Int32, mSem: cute.Tensor, layouts, copies, mmas, loads,
                SharedStorage: cutlass.Constexpr):
         cfg, D = self.cfg, self.head_dim
         B_r, B_c = cfg.block_m, cfg.block_n
         q_layout, kv_layout, ds_layout = layouts
-        gmem_load, gmem_store, stats_load = copies
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, seq = cute.arch.block_idx()
         group = mQ.shape[2] // mK.shape[2]
@@ -180,10 +222,6 @@ class BackwardKernel(AttentionKernel):
         if cutlass.const_expr(self.varlen):
             # Past the end of a short sequence (the grid is sized for the longest): no work.
             m_max = m_min if key0 >= seqlen_k else m_max
-        left_end, right_start = masked_query_bounds(
-            key0, seqlen_q, seqlen_k, window_left, window_right, m_min, m_max, B_c, B_r,
-            self.windowed)
-        bounds = phase_bounds(m_min, left_end, right_start, m_max, self.windowed)
 
         # ---- shared memory ----------------------------------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -191,14 +229,52 @@ class BackwardKernel(AttentionKernel):
         sdO = self.smem_tensor(storage.sdO, q_layout)
         sK = self.smem_tensor(storage.sK, kv_layout)[None, None, 0]
         sV = self.smem_tensor(storage.sV, kv_layout)[None, None, 0]
-        sdS = self.smem_tensor(storage.sdS, ds_layout)[None, None, 0]
+        sdS = self.smem_tensor(storage.sdS, ds_layout)
         stages = cfg.q_stages
-        sLSE, sdPsum = (buf.get_tensor(cute.make_layout((B_r, stages)))
+        sLSE, sdPsum = (buf.get_tensor(cute.make_layout((self.stats_box, stages),
+                                                        stride=(1, self.stats_stride)))
                         for buf in (storage.sLSE, storage.sdPsum))
         # Per query block: global tensors and their shared ring (Q, dO, L, D).
         ring = ((mQ, mdO, mLSE, mdPsum), (sQ, sdO, sLSE, sdPsum))
         tiles = (sQ, sdO, sK, sV, sdS, *(transposed(s, B_r, D, stages) for s in (sQ, sdO)),
-                 transposed(sK, B_c, D), transposed(sdS, B_c, B_r))
+                 transposed(sK, B_c, D), transposed(sdS, B_c, B_r, cfg.ds_stages))
+        pipe = self.ring_pipeline(storage)
+        # Where a block's L and D start in their ring stage (``stats_box``).
+        stats_shift = 0
+        if cutlass.const_expr(self.stats_box != B_r):
+            stats_shift = q_start % STATS_ROW_MULTIPLE
+        walk = (head_kv * group, group, m_min, m_max, m_max - m_min, batch, q_start, key0,
+                seqlen_q, seqlen_k, window_left, window_right, softmax_scale, mQ, mdQacc, mSem,
+                ring, sdS, copies, mmas, (pipe, loads), n_block, stats_shift)
+        if cutlass.const_expr(cfg.producer_warp):
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp < 4:
+                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                if warp == 0:
+                    self.produce(loads, pipe, ring, walk)
+            else:
+                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                self._consume(tidx - 128, mK, mV, mdK, mdV, k_start, head_kv, tiles, storage,
+                              walk)
+        else:
+            self._consume(tidx, mK, mV, mdK, mdV, k_start, head_kv, tiles, storage, walk)
+
+    @cute.jit
+    def _consume(self, tidx, mK: cute.Tensor, mV: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, k_start, head_kv, tiles: tuple, storage, walk: tuple):
+        """The MMA warps (``tidx``: their thread index): K_j and V_j, the walk over query
+        blocks, then dK_j and dV_j."""
+        cfg, D = self.cfg, self.head_dim
+        B_r, B_c = cfg.block_m, cfg.block_n
+        (first_head, group, m_min, m_max, per_head, batch, q_start, key0, seqlen_q, seqlen_k,
+         window_left, window_right, softmax_scale, _, _, _, ring, _, copies, mmas, _,
+         n_block, _) = walk
+        gmem_load, gmem_store, stats_load = copies
+        sK, sV = tiles[2], tiles[3]
+        left_end, right_start = masked_query_bounds(
+            key0, seqlen_q, seqlen_k, window_left, window_right, m_min, m_max, B_c, B_r,
+            self.windowed)
+        bounds = phase_bounds(m_min, left_end, right_start, m_max, self.windowed)
 
         # ---- K_j and V_j, once ------------------------------------------------------------
         thr_load = gmem_load.get_slice(tidx)
@@ -223,36 +299,37 @@ class BackwardKernel(AttentionKernel):
         tdQcdQ = mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((B_r, D)))
 
         # ---- the walk: every query head of the group, its query blocks in mask phases -----
-        first_head = head_kv * group
-        per_head = m_max - m_min
-        if per_head > 0:
-            self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
-                               first_head, m_min, 0, seqlen_q, tidx)
-        cute.arch.cp_async_commit_group()
-        walk = (first_head, group, m_min, m_max, per_head, batch, q_start, key0, seqlen_q,
-                seqlen_k, window_left, window_right, softmax_scale, mQ, mdQacc, mSem, ring,
-                sdS, gmem_load, thr_load, stats_load, mmas, ops, acc_dK, acc_dV, tScS_mn,
-                tdQcdQ, n_block, tidx)
+        if cutlass.const_expr(cfg.producer_warp):
+            # K_j and V_j landed for every MMA warp (the ring needs no CTA barrier).
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            self.smem_to_mma()
+        else:
+            if per_head > 0:
+                self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                                   first_head, m_min, 0, seqlen_q, tidx)
+            cute.arch.cp_async_commit_group()
+        block = (*walk, thr_load, ops, acc_dK, acc_dV, tScS_mn, tdQcdQ, tidx)
         for member in cutlass.range(group, unroll=1):
             for p in cutlass.range_constexpr(len(bounds)):
                 lo, hi = bounds[p]
                 # Literal flags: a Python value carried into a dynamic loop would turn dynamic.
                 if cutlass.const_expr(phase_masked(self.windowed, p)):
                     for i in cutlass.range(hi - lo, unroll=1):
-                        self._query_block(member, lo + i, *walk, masked=True)
+                        self._query_block(member, lo + i, *block, masked=True)
                 else:
                     for i in cutlass.range(hi - lo, unroll=1):
-                        self._query_block(member, lo + i, *walk, masked=False)
+                        self._query_block(member, lo + i, *block, masked=False)
 
         # ---- epilogue: dK (scaled) and dV through K's and V's shared memory ---------------
         cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
+        self.consumers_sync()
         acc_dK.store(acc_dK.load() * softmax_scale)
         stage_o(acc_dK, sK, mma_dkv, tidx, self.dtype)
         stage_o(acc_dV, sV, mma_dkv, tidx, self.dtype)
         gdK, gdV = (cute.local_tile(sequence_rows(grad, batch, k_start, head_kv), (B_c, D),
                                     (n_block, 0)) for grad in (mdK, mdV))
-        store_rows(gmem_store, sK, gdK, tidx, keys_left, cute.arch.sync_threads)
+        store_rows(gmem_store, sK, gdK, tidx, keys_left, self.consumers_sync)
         # The barrier above made both staged tiles visible.
         store_rows(gmem_store, sV, gdV, tidx, keys_left, lambda: None)
 
@@ -279,6 +356,12 @@ class BackwardKernel(AttentionKernel):
                           thr_stats.partition_S(cute.local_tile(rows, (B_r,), (m_block,))),
                           thr_stats.partition_D(smem[None, stage]))
 
+    def dq_tile(self, mdQacc: cute.Tensor, loads, batch, q_start, head, m_block):
+        """What ``add_dq`` adds query block ``m_block`` of ``head`` into: its tile of
+        ``dq_accum`` (``loads``: ``tma_atoms``'s, for a kernel that adds by TMA)."""
+        return cute.local_tile(sequence_rows(mdQacc, batch, q_start, head),
+                               (self.cfg.block_m, self.head_dim), (m_block, 0))
+
     @cute.jit
     def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
                rows_left, tidx):
@@ -289,6 +372,16 @@ class BackwardKernel(AttentionKernel):
             if tdQcdQ[i][0] < rows_left:
                 cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i],
                               op="add", dtype="f32", sem="relaxed", scope="gpu")
+
+    def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+        """dV_j += P^T dO_i and dK_j += dS^T Q_i, dS^T into its shared tile ``ds_stage``
+        (``store_ds``), and dQ_i = dS K_j, returned; dK and dV may still be in flight until
+        ``block_done``."""
+        raise NotImplementedError
+
+    def block_done(self) -> None:
+        """Wait for what ``gemm_dkv_dq`` left in flight (the ring's stage is then free)."""
 
     def dq_added(self, tidx):
         """Wait until this thread's dQ adds have been performed (``deterministic``)."""
@@ -301,8 +394,8 @@ class BackwardKernel(AttentionKernel):
     @cute.jit
     def _query_block(self, g, m_block, first_head, group, m_min, m_max, per_head, batch,
                      q_start, key0, seqlen_q, seqlen_k, window_left, window_right,
-                     softmax_scale, mQ, mdQacc, mSem, ring, sdS, gmem_load, thr_load,
-                     stats_load, mmas, ops, acc_dK, acc_dV, tScS_mn, tdQcdQ, n_block, tidx,
+                     softmax_scale, mQ, mdQacc, mSem, ring, sdS, copies, mmas, tma, n_block,
+                     stats_shift, thr_load, ops, acc_dK, acc_dV, tScS_mn, tdQcdQ, tidx,
                      masked: cutlass.Constexpr):
         """Query block ``m_block`` of query head ``first_head + g``: the five GEMMs."""
         cfg = self.cfg
@@ -311,7 +404,12 @@ class BackwardKernel(AttentionKernel):
         query0 = m_block * B_r
         it = g * per_head + m_block - m_min
         stage = it % cfg.q_stages
-        if cutlass.const_expr(cfg.q_stages > 1):
+        pipe, loads = tma
+        state = None
+        if cutlass.const_expr(cfg.producer_warp):
+            state = pipeline.PipelineState(cfg.q_stages, it, stage, (it // cfg.q_stages) % 2)
+            pipe.consumer_wait(state)
+        elif cutlass.const_expr(cfg.q_stages > 1):
             # The ring: this block was issued an iteration ago. After this barrier every
             # thread is done with the previous block (and dS^T), so its stage takes the next.
             cute.arch.cp_async_wait_group(0)
@@ -320,13 +418,13 @@ class BackwardKernel(AttentionKernel):
             if next_m >= m_max:
                 next_m, next_g = m_min, g + 1
             if next_g < group:
-                self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                self._load_q_block(ring, copies[0], thr_load, copies[2], batch, q_start,
                                    first_head + next_g, next_m, 1 - stage, seqlen_q, tidx)
             cute.arch.cp_async_commit_group()
         else:
             if it > 0:
                 cute.arch.sync_threads()
-                self._load_q_block(ring, gmem_load, thr_load, stats_load, batch, q_start,
+                self._load_q_block(ring, copies[0], thr_load, copies[2], batch, q_start,
                                    head, m_block, 0, seqlen_q, tidx)
                 cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
@@ -335,14 +433,16 @@ class BackwardKernel(AttentionKernel):
         ncols = cute.size(tScS_mn, mode=[1])
         sLSE, sdPsum = ring[1][2], ring[1][3]
         # S^T = K_j Q_i^T, then P^T from the saved log-sum-exp (per column: a query row).
-        lse = cute.make_rmem_tensor((ncols,), cutlass.Float32)
-        for c in cutlass.range_constexpr(ncols):
-            lse[c] = sLSE[tScS_mn[0, c][1], stage]
         scale_log2 = softmax_scale * LOG2_E
+        lse = cute.make_rmem_tensor((ncols,), cutlass.Float32)
         dpsum = cute.make_rmem_tensor((ncols,), cutlass.Float32)
 
         def probabilities(acc_S: cute.Tensor) -> None:
-            # P^T (in place), while dP^T = V_j dO_i^T may still be on the tensor cores.
+            # P^T (in place), while dP^T = V_j dO_i^T may still be on the tensor cores. L is
+            # read here, once S^T has landed: read while the GEMMs run, it costs registers
+            # (spills) and measured 6 % slower at hd128 seq 8k.
+            for c in cutlass.range_constexpr(ncols):
+                lse[c] = sLSE[tScS_mn[0, c][1] + stats_shift, stage]
             if cutlass.const_expr(masked):
                 apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
                                       window_left, window_right, self.windowed)
@@ -352,7 +452,7 @@ class BackwardKernel(AttentionKernel):
                     s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse[c],
                                                 fastmath=True)
             for c in cutlass.range_constexpr(ncols):
-                dpsum[c] = sdPsum[tScS_mn[0, c][1], stage]
+                dpsum[c] = sdPsum[tScS_mn[0, c][1] + stats_shift, stage]
 
         acc_S, acc_dP = self.gemm_s_dp(ops, stage, probabilities)
         # dS^T = P^T (dP^T - D_i).
@@ -363,30 +463,32 @@ class BackwardKernel(AttentionKernel):
                 dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dpsum[c])
 
         # dV_j += P^T dO_i and dK_j += dS^T Q_i, A from the accumulators' registers; dS^T
-        # to shared memory for dQ.
+        # to shared memory for dQ_i += dS K_j.
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         rdS = cute.make_fragment_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
-        self.gemm_dkv(ops, stage, rP, rdS, acc_dK, acc_dV,
-                      lambda: store_fragment(rdS, sdS, mmas[0], tidx))
-        self.smem_to_mma()
+        ds_stage = it % cfg.ds_stages
+        acc_dQ = self.gemm_dkv_dq(
+            ops, stage, ds_stage, rP, rdS, acc_dK, acc_dV,
+            lambda: store_fragment(rdS, sdS[None, None, ds_stage], mmas[0], tidx))
 
-        # dQ_i += dS K_j, added to dq_accum (in block order when deterministic).
-        acc_dQ = self.gemm_dq(ops)
+        # dQ_i added to dq_accum (in block order when deterministic).
         acc_dQ.store(acc_dQ.load() * softmax_scale)
-        gdQ = cute.local_tile(sequence_rows(mdQacc, batch, q_start, head),
-                              (B_r, self.head_dim), (m_block, 0))
+        gdQ = self.dq_tile(mdQacc, loads, batch, q_start, head, m_block)
         turn = None
         if cutlass.const_expr(self.deterministic):
             turn = self._await_turn(mSem, mQ.shape[2], head, m_block, query0, seqlen_q,
                                     seqlen_k, window_left, window_right, n_block, tidx)
         self.add_dq(ops, acc_dQ, gdQ, tdQcdQ, seqlen_q - query0, tidx)
+        self.block_done()
+        if cutlass.const_expr(cfg.producer_warp):
+            pipe.consumer_release(state)
         if cutlass.const_expr(self.deterministic):
             # Every thread's adds are done (and visible GPU-wide) before the next block's turn.
             self.dq_added(tidx)
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.sync_threads()
+            self.consumers_sync()
             if tidx == 0:
                 cute.arch.store(turn, cutlass.Int32(n_block + 1), sem="release", scope="gpu")
 
@@ -410,5 +512,5 @@ class BackwardKernel(AttentionKernel):
             while seen != n_block:
                 seen = cutlass.max(cute.arch.load(counter, cutlass.Int32, sem="acquire",
                                                   scope="gpu"), first)
-        cute.arch.sync_threads()
+        self.consumers_sync()
         return counter

@@ -20,6 +20,9 @@ class NamedBarrier(IntEnum):
     #: Ping-pong turns of the sm90 kernel's consumer warpgroups at the tensor cores: the turn
     #: of consumer warpgroup ``w`` is barrier ``SCHEDULER + w`` (so ids 2 and 3).
     SCHEDULER = 2
+    #: The backward's MMA warpgroups with a producer warp (``BackwardConfig.producer_warp``):
+    #: dS^T written, K/V landed, the epilogue's staging.
+    BACKWARD_MMA = 4
 
     def sync(self, number_of_threads: int, offset=0) -> None:
         """Wait until ``number_of_threads`` threads (a multiple of 32) have arrived at barrier

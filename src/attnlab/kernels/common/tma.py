@@ -14,6 +14,11 @@ def rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
 
 
+def stats_rows_first(t: cute.Tensor) -> cute.Tensor:
+    """(batch, heads, rows) per-row statistics as (rows, heads, batch)."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
+
+
 def tile_partition(tma: tuple, smem: cute.Tensor, tile: tuple, block_coord: tuple, head,
                    batch, origin: tuple | None = None) -> tuple:
     """``(smem stages, global blocks)`` of one TMA copy of ``tile``-sized boxes of head
@@ -28,3 +33,13 @@ def tile_partition(tma: tuple, smem: cute.Tensor, tile: tuple, block_coord: tupl
     blocks = cute.local_tile(head_coords, tile, block_coord)
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
                                  cute.group_modes(blocks, 0, 2))
+
+
+def stats_partition(tma: tuple, smem: cute.Tensor, box: int, head, batch, row0) -> tuple:
+    """``(smem stages, global box)`` of one TMA copy of ``box`` per-row statistics
+    (``stats_rows_first``) of ``head`` and ``batch`` from row ``row0`` (a multiple of 16
+    bytes: a box's first element must be); index the box by 0. ``smem`` is (box, stages)."""
+    atom, coords = tma
+    rows = cute.domain_offset((row0,), coords[None, head, batch])
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 1),
+                                 cute.group_modes(cute.local_tile(rows, (box,), (None,)), 0, 1))

@@ -68,8 +68,8 @@ class FlashBackwardSm80(BackwardKernel):
                  cute.make_tiled_copy_B(ldsm_t, mma_kv), sdOt),
                 (thr_kv.make_fragment_B(thr_kv.partition_B(sQt[None, None, 0])),
                  cute.make_tiled_copy_B(ldsm_t, mma_kv), sQt),
-                (thr_dq.make_fragment_A(thr_dq.partition_A(sdSt)),
-                 cute.make_tiled_copy_A(ldsm_t, mma_dq), sdSt),
+                (thr_dq.make_fragment_A(thr_dq.partition_A(sdSt[None, None, 0])),
+                 cute.make_tiled_copy_A(ldsm_t, mma_dq), sdSt[None, None, 0]),
                 (thr_dq.make_fragment_B(thr_dq.partition_B(sKt)),
                  cute.make_tiled_copy_B(ldsm_t, mma_dq), sKt))
         result = []
@@ -98,19 +98,18 @@ class FlashBackwardSm80(BackwardKernel):
         gemm(mma_kv, acc_dP, tV, tdO, lV, self._staged(ldO, stage), FRAGS, FRAGS, True)
         return acc_S, acc_dP
 
-    def gemm_dkv(self, ops: tuple, stage, rP: cute.Tensor, rdS: cute.Tensor,
-                 acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> None:
-        """dV += P^T dO, dS^T to shared memory (``store_ds``), dK += dS^T Q."""
-        (mma_kv, _), _, _, parts = ops
+    def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+        """dV += P^T dO, dS^T to shared memory (``store_ds``; one tile, ``ds_stage`` 0),
+        dK += dS^T Q, then dQ = dS K once every warp's dS^T has landed."""
+        (mma_kv, mma_dq), _, thr_dq, parts = ops
         (tdOt, ldOt), (tQt, lQt) = parts[4], parts[5]
         gemm(mma_kv, acc_dV, acc_as_operand_a(rP), tdOt, None, self._staged(ldOt, stage), 0,
              FRAGS, True)
         store_ds()
         gemm(mma_kv, acc_dK, acc_as_operand_a(rdS), tQt, None, self._staged(lQt, stage), 0,
              FRAGS, True)
-
-    def gemm_dq(self, ops: tuple) -> cute.Tensor:
-        (_, mma_dq), _, thr_dq, parts = ops
+        self.smem_to_mma()
         (tdS, ldS), (tKt, lKt) = parts[6], parts[7]
         acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         gemm(mma_dq, acc, tdS, tKt, ldS, lKt, FRAGS, FRAGS, True)

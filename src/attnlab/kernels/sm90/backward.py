@@ -12,11 +12,25 @@ warp, the shared-memory traffic that bounds the ``mma.sync`` kernel (docs/backwa
   to 16 bits are already the A layout, ``acc_as_wgmma_operand_a``), B = dO_i and Q_i read
   MN-major through a transposed view of the same shared tiles.
 * dQ_i = dS K_j: dS^T (written once to shared memory) read MN-major as A, K_j MN-major as B;
-  the two warpgroups split the head dim (B_r = 64) or the query rows (B_r = 128). dQ_i goes
-  to shared memory and from there into ``dq_accum`` by one bulk reduce-add per row segment
-  (the TMA engine adds in L2), each warp its own rows, with no CTA barrier: per-element
-  ``red`` instructions saturated the load/store unit (ncu: ``lg_throttle`` the top stall,
-  67 M reds at hd128 seq 8k).
+  the two warpgroups split the head dim (B_r = 64) or the query rows (B_r = 128). Each warp
+  stages its 16-row slice of dQ_i in its own swizzled box of shared memory and adds it into
+  ``dq_accum`` by one TMA reduce-add (the adds happen in L2), with no CTA barrier:
+  per-element ``red`` instructions saturated the load/store unit (ncu: ``lg_throttle`` the
+  top stall, 67 M reds at hd128 seq 8k), and row-sized bulk reduces made ptxas loop over the
+  issuing lanes (20 % of the stall samples).
+
+The GEMMs of a block after dS^T are issued in the order that keeps the tensor cores busy
+while the warps work: dV (its A, P^T, is ready first), dS^T to shared memory while dV runs,
+the barrier, dQ, then dK, which runs while dQ is staged and reduced.
+
+``producer_warp`` (warp specialisation, as FA3 and FA4 feed their MMAs): warpgroup 0 is a
+producer whose first warp copies Q_i, dO_i, L_i and D_i by TMA into the ring, each stage
+guarded by a full (transaction) barrier and an empty one that the MMA warps release once
+their dK MMA has read it; the producer gives its registers to the two MMA warpgroups
+(``setmaxnreg``). The MMA warps then meet once per block (dS^T written, named barrier), with
+dS^T double buffered so the next block's store cannot overwrite a tile the other warpgroup's
+dQ still reads. Packed sequences: a tail box reads the next sequence's rows, which the
+masked body drops (their P is 0), as the forward does.
 
 Q_i, dO_i and K_j are each laid out once for both of their reads: the swizzle atom is chosen
 for the narrower one (``major``), as FA3 does. ``cp.async`` writes through the generic proxy
@@ -26,16 +40,23 @@ shared memory from copies or stores to the MMAs.
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from attnlab.backward_config import DQ_ROW_PAD
 from attnlab.config import WGMMA_M
+from attnlab.kernels.abi import BackwardArgs
 from attnlab.kernels.common.backward_walk import BackwardKernel
+from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a
-from attnlab.kernels.sm90.bulk import bulk_reduce_add_f32
+from attnlab.kernels.common.tma import (
+    rows_first,
+    stats_partition,
+    stats_rows_first,
+    tile_partition,
+)
 from attnlab.kernels.sm90.wgmma import wgmma_gemm
 
 
@@ -61,7 +82,7 @@ class FlashBackwardSm90(BackwardKernel):
         # K is also dQ's B operand, of which each warpgroup may read a slice of the head dim.
         return (self._layout(cfg.block_m, D, cfg.q_stages, D),
                 self._layout(cfg.block_n, D, 1, D // self._dq_warpgroups[1]),
-                self._layout(cfg.block_n, cfg.block_m, 1, cfg.block_m))
+                self._layout(cfg.block_n, cfg.block_m, cfg.ds_stages, cfg.block_m))
 
     def smem_tensor(self, buffer, layout) -> cute.Tensor:
         # The swizzle on the pointer: the form wgmma's descriptors take.
@@ -82,13 +103,111 @@ class FlashBackwardSm90(BackwardKernel):
                                                   cutlass.Float32, (*self._dq_warpgroups, 1),
                                                   (WGMMA_M, D // self._dq_warpgroups[1])))
 
-    def _dq_layout(self):
-        return cute.make_layout((self.cfg.block_m, self.head_dim),
-                                stride=(self.head_dim + DQ_ROW_PAD, 1))
+    @property
+    def _dq_box(self) -> tuple[int, int]:
+        """dQ rows and columns one warp's accumulator holds: one TMA reduce box."""
+        return 16, self.head_dim // self._dq_warpgroups[1]
+
+    def _dq_staging(self):
+        """One swizzled (16, columns) fp32 box per MMA warp, the layout a TMA box takes
+        (the swizzle also spreads the warp's 64-bit stores over all banks). Widths that are
+        not a multiple of 32 columns (hd96's 48) take the 32-byte swizzle: the DSL's TMA
+        builder aborts on 64-byte fp32 boxes (4.8.1)."""
+        rows, cols = self._dq_box
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, cutlass.Float32,
+                                            8 if cols % 32 else cols), cutlass.Float32)
+        return cute.tile_to_shape(atom, (rows, cols, self.cfg.num_warps), order=(0, 1, 2))
+
+    def _dq_tile_view(self):
+        """The (B_r, D) tile as the staged boxes hold it: rows (16 per warp, 4 warps per
+        warpgroup, warpgroups along B_r), columns (a box's, warpgroups along D), in the
+        order of the MMA's warpgroups (along B_r first)."""
+        rows, cols = self._dq_box
+        along_m, along_n = self._dq_warpgroups
+        box = rows * cols
+        return cute.make_layout(((rows, 4, along_m), (cols, along_n)),
+                                stride=((1, box, 4 * box), (rows, 4 * box * along_m)))
 
     def extra_smem(self) -> dict:
-        return {"sdQ": cute.struct.Align[cute.struct.MemRange[
-            cutlass.Float32, cute.cosize(self._dq_layout())], 128]}
+        fields = {"sdQ": cute.struct.Align[cute.struct.MemRange[
+            cutlass.Float32, cute.cosize(self._dq_staging())], 1024]}
+        if self.cfg.producer_warp:
+            # Full, then empty, per ring stage.
+            fields["ring_bars"] = cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.q_stages]
+        return fields
+
+    # ---- TMA: the producer warp's loads (``producer_warp``), dQ's reduce ------------------
+    def tma_atoms(self, t: BackwardArgs, layouts: tuple):
+        """TMA atoms of Q, dO (one ring stage a box) and of L, D (B_r rows a box) with
+        ``producer_warp``, and always dQ's reduce-add (one warp's box)."""
+        dq = tuple(cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), rows_first(t.dq_accum),
+            cute.slice_(self._dq_staging(), (None, None, 0)), self._dq_box))
+        if not self.cfg.producer_warp:
+            return (dq,)
+        stage = cute.slice_(layouts[0], (None, None, 0))
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tiles = tuple(tuple(cpasync.make_tiled_tma_atom(load, rows_first(x), stage,
+                                                        (self.cfg.block_m, self.head_dim)))
+                      for x in (t.q, t.dout))
+        box = self.stats_box
+        stats = tuple(tuple(cpasync.make_tiled_tma_atom(load, stats_rows_first(x),
+                                                        cute.make_layout(box), (box,)))
+                      for x in (t.lse_log2, t.dpsum))
+        return (*tiles, *stats, dq)
+
+    def ring_pipeline(self, storage):
+        if not self.cfg.producer_warp:
+            return None
+        cfg = self.cfg
+        tile_bytes = cfg.block_m * self.head_dim * self.dtype.width // 8
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ring_bars.data_ptr(), num_stages=cfg.q_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            # One lane of each MMA warp releases a stage.
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, cfg.num_warps),
+            tx_count=2 * tile_bytes + 2 * 4 * self.stats_box, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        return pipe
+
+    @cute.jit
+    def produce(self, loads, pipe, ring: tuple, walk: tuple) -> None:
+        cfg, D = self.cfg, self.head_dim
+        B_r = cfg.block_m
+        first_head, group, m_min, m_max, _, batch, q_start = walk[:7]
+        stats_shift = walk[-1]
+        _, (sQ, sdO, sLSE, sdPsum) = ring
+        origin = None
+        if cutlass.const_expr(self.varlen):
+            origin = (q_start, 0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.q_stages)
+        for g in cutlass.range(group, unroll=1):
+            head = first_head + g
+            tiles = (tile_partition(loads[0], sQ, (B_r, D), (None, 0), head, batch, origin),
+                     tile_partition(loads[1], sdO, (B_r, D), (None, 0), head, batch, origin))
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                pipe.producer_acquire(state)
+                barrier = pipe.producer_get_barrier(state)
+                for t in cutlass.range_constexpr(2):
+                    smem, gmem = tiles[t]
+                    cute.copy(loads[t][0], gmem[None, m_block], smem[None, state.index],
+                              tma_bar_ptr=barrier)
+                # L and D from the 16-byte row at or before the block's first.
+                row0 = q_start - stats_shift + m_block * B_r
+                for t, smem in ((2, sLSE), (3, sdPsum)):
+                    s_stages, g_box = stats_partition(loads[t], smem, self.stats_box, head,
+                                                      batch, row0)
+                    cute.copy(loads[t][0], g_box[None, 0], s_stages[None, state.index],
+                              tma_bar_ptr=barrier)
+                state.advance()
+
+    def consumers_sync(self) -> None:
+        if self.cfg.producer_warp:
+            NamedBarrier.BACKWARD_MMA.sync(self.cfg.num_threads)
+        else:
+            cute.arch.sync_threads()
 
     def operands(self, tidx, mmas: tuple, tiles: tuple, storage) -> tuple:
         """Per warpgroup, the descriptors' fragments of every shared operand (sliced by a
@@ -97,6 +216,8 @@ class FlashBackwardSm90(BackwardKernel):
         mma_s, mma_dkv, mma_dq = mmas
         sQ, sdO, sK, sV, sdS, sQt, sdOt, sKt, sdSt = tiles
         wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4
+        if cutlass.const_expr(self.cfg.producer_warp):
+            wg = wg - 1
         wg_s, wg_dkv, wg_dq = (m.get_slice(wg * 128) for m in mmas)
         frags = (wg_s.make_fragment_A(wg_s.partition_A(sK)),
                  wg_s.make_fragment_B(wg_s.partition_B(sQ)),
@@ -106,8 +227,10 @@ class FlashBackwardSm90(BackwardKernel):
                  wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
                  wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
                  wg_dq.make_fragment_B(wg_dq.partition_B(sKt)))
+        staging = self._dq_staging()
+        boxes = storage.sdQ.get_tensor(staging.outer, swizzle=staging.inner)
         return (mmas, tuple(m.get_slice(tidx) for m in mmas), frags,
-                storage.sdQ.get_tensor(self._dq_layout()))
+                (boxes, cute.composition(boxes, self._dq_tile_view())))
 
     def _new_acc(self, thr, shape) -> cute.Tensor:
         return cute.make_rmem_tensor(thr.partition_shape_C(shape), cutlass.Float32)
@@ -127,48 +250,68 @@ class FlashBackwardSm90(BackwardKernel):
         warpgroup.wait_group(0)
         return acc_S, acc_dP
 
-    def gemm_dkv(self, ops: tuple, stage, rP: cute.Tensor, rdS: cute.Tensor,
-                 acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> None:
-        """dV += P^T dO and dK += dS^T Q issued while dS^T goes to shared memory
-        (``store_ds``); not waited for: they complete under dQ's MMAs (``gemm_dq``)."""
-        (_, mma_dkv, _), _, frags, _ = ops
+    def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+        """dV += P^T dO issued, dS^T stored while it runs, the barrier, dQ = dS K issued,
+        then dK += dS^T Q once dV is done; returns once dQ has landed, dK still running
+        (``block_done`` waits for it)."""
+        (_, mma_dkv, mma_dq), (_, _, thr_dq), frags, _ = ops
         wgmma_gemm(mma_dkv, acc_dV, acc_as_wgmma_operand_a(rP),
                    frags[4][None, None, None, stage], zero_init=False, wait=False)
+        store_ds()
+        self.smem_to_mma()
+        acc_dQ = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
+        wgmma_gemm(mma_dq, acc_dQ, frags[6][None, None, None, ds_stage], frags[7],
+                   zero_init=True, wait=False)
+        warpgroup.wait_group(1)
         wgmma_gemm(mma_dkv, acc_dK, acc_as_wgmma_operand_a(rdS),
                    frags[5][None, None, None, stage], zero_init=False, wait=False)
-        store_ds()
+        warpgroup.wait_group(1)
+        return acc_dQ
 
-    def gemm_dq(self, ops: tuple) -> cute.Tensor:
-        (_, _, mma_dq), (_, _, thr_dq), frags, _ = ops
-        acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
-        # Waits for dV and dK too (``gemm_dkv``).
-        wgmma_gemm(mma_dq, acc, frags[6], frags[7], zero_init=True)
-        return acc
+    def block_done(self) -> None:
+        warpgroup.wait_group(0)
+
+    def dq_tile(self, mdQacc: cute.Tensor, loads, batch, q_start, head, m_block):
+        """dQ's TMA reduce atom and the coordinates of query block ``m_block``'s tile (a
+        packed sequence's from its first row)."""
+        atom, coords = loads[-1]
+        coords = coords[None, None, head, batch]
+        if cutlass.const_expr(self.varlen):
+            coords = cute.domain_offset((q_start, 0), coords)
+        return atom, cute.local_tile(coords, (self.cfg.block_m, self.head_dim), (m_block, 0))
 
     @cute.jit
     def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
                rows_left, tidx):
-        """dQ's tile into ``gdQ`` through shared memory, warp by warp: a warp stages the 16
-        rows (by its warpgroup's columns) its accumulator holds, then 16 of its lanes issue
-        one bulk reduce-add per row segment. No CTA barrier: a warp reads back only what it
-        wrote, and waits for its own previous bulk reads before writing again."""
-        (_, _, mma_dq), _, _, sdQ = ops
+        """dQ's tile into ``dq_accum`` through shared memory, warp by warp: a warp stages
+        the 16 rows (by its warpgroup's columns) its accumulator holds in its own box, then
+        issues one TMA reduce-add of the box (the adds happen in L2). No CTA barrier: a warp
+        reads back only what it wrote, and waits for its own previous reduce to have read
+        its box before writing again. Rows past the tensor are clipped by the TMA unit; the
+        rows of a packed sequence's tail box that belong to the next sequence get exact
+        zeros (their dS columns are masked), so ``rows_left`` needs no check."""
+        (mmas, _, _, (boxes, tile)) = ops
+        atom, gdQ = gdQ
+        rows, cols = self._dq_box
         lane = cute.arch.lane_idx()
-        if lane < 16:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cutlass.const_expr(self.cfg.producer_warp):
+            warp = warp - 4
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.sync_warp()
-        store_fragment(acc_dQ, sdQ, mma_dq, tidx)
-        # Generic-proxy stores, read next by the TMA engine (async proxy).
+        store_fragment(acc_dQ, tile, mmas[-1], tidx)
+        # Generic-proxy stores, read next by the TMA unit (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
-        # The warp's first row and column: those of lane 0's first accumulator element.
-        row = tdQcdQ[0][0] - lane // 4 + lane
+        # The warp's first row and column in the tile: those of lane 0's first element.
+        row = tdQcdQ[0][0] - lane // 4
         col = tdQcdQ[0][1] - 2 * (lane % 4)
-        if lane < 16:
-            if row < rows_left:
-                bulk_reduce_add_f32(sdQ.iterator + cute.crd2idx((row, col), sdQ.layout),
-                                    gdQ.iterator + cute.crd2idx((row, col), gdQ.layout),
-                                    self.head_dim // self._dq_warpgroups[1] * 4)
+        src, dst = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(boxes[None, None, warp], 0, 2),
+            cute.group_modes(cute.local_tile(gdQ, (rows, cols), (row // rows, col // cols)),
+                             0, 2))
+        cute.copy(atom, src, dst)
         cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
@@ -179,4 +322,4 @@ class FlashBackwardSm90(BackwardKernel):
         # cp.async copies and st.shared write through the generic proxy; wgmma reads
         # through the async one.
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.sync_threads()
+        self.consumers_sync()
