@@ -33,6 +33,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bm64": {"block_m": 64},
     "mma_sync": {"wgmma": False, "producer_warp": False},
     "cp_async": {"producer_warp": False},
+    "lpt": {"lpt": True},
 }
 
 

@@ -54,6 +54,7 @@ def test_defaults_per_arch():
     assert default_backward(64, "sm_90a").block_m == 128
     assert default_backward(128, "sm_90a").block_m == 64
     assert default_backward(128, "sm_90a").producer_warp
+    assert default_backward(128, "sm_90a").lpt
 
 
 def test_producer_warp_adds_a_warpgroup_and_a_second_ds_tile():

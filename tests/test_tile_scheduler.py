@@ -80,3 +80,19 @@ def test_grid_and_longest_first():
     assert TileScheduler(8, 2, 16, persistent=True, windowed=True).grid(132) == (132, 1, 1)
     assert [longest_first(m, 4, True) for m in range(4)] == [3, 2, 1, 0]
     assert [longest_first(m, 4, False) for m in range(4)] == [0, 1, 2, 3]
+
+
+@given(n_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),
+       lpt=st.booleans(), section=st.integers(1, 7))
+def test_backward_order_takes_first_blocks_first(n_blocks, seqs, heads, lpt, section):
+    """The backward's tiles (``first_is_longest``: under a causal band K/V block 0 sees the
+    most query blocks) go in index order, with or without L2 sections, so a pair's blocks
+    start in the order ``deterministic`` waits on; every tile once."""
+    scheduler = TileScheduler(n_blocks, seqs, heads, persistent=False, windowed=True,
+                              lpt=lpt, section=section, first_is_longest=True)
+    in_order = [scheduler.coords(t) for t in range(scheduler.num_tiles())]
+    assert sorted(in_order) == every_tile(n_blocks, seqs, heads)
+    assert in_order[0] == (0, 0, 0)
+    for pair in {(s, h) for _, s, h in in_order}:
+        blocks = [n for n, s, h in in_order if (s, h) == pair]
+        assert blocks == list(range(n_blocks))

@@ -40,6 +40,10 @@ class BackwardConfig:
             dO_i, L_i and D_i by TMA into a ring guarded by full/empty barriers, so the
             consumer warpgroups meet once per query block (dS^T written; its tile is double
             buffered) instead of three times (loads landed, dS^T written, ring reused).
+        lpt: under a mask (causal or a window), hand out the K/V blocks longest first over
+            L2 sections of (sequence, K/V head) pairs (the forward's ``lpt``, read the other
+            way round: a causal band gives the first K/V blocks the most query blocks), so
+            the short ones fill the grid's tail.
     """
 
     block_m: int = 64
@@ -49,6 +53,7 @@ class BackwardConfig:
     dq_warps_m: int = 0
     wgmma: bool = False
     producer_warp: bool = False
+    lpt: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "q_stages"):
@@ -117,6 +122,8 @@ class BackwardConfig:
         flags = ["wgmma"] if self.wgmma else []
         if self.producer_warp:
             flags.append("producer_warp")
+        if self.lpt:
+            flags.append("lpt")
         flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
@@ -159,17 +166,17 @@ class BackwardConfig:
 
 def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
                      ) -> BackwardConfig:
-    """The backward's default: on sm_90a the wgmma kernel (B_r = 128 at head dims up to 64,
-    +24 % there, ``docs/backward.md``), elsewhere the mma.sync one with FA2's sm80 tile
-    (B_c = 128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose
-    sequence offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89:
-    one Q/dO stage, then B_c = 64)."""
+    """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
+    first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``);
+    elsewhere the mma.sync one with FA2's sm80 tile (B_c = 128 over 8 warps, B_r = 64; B_r =
+    32 for packed sequences at hd128, whose sequence offsets push B_r = 64 to spill), made
+    smaller where shared memory is (sm_86/89: one Q/dO stage, then B_c = 64)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
     if arch == "sm_90a":
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
-                              producer_warp=True)
+                              producer_warp=True, lpt=True)
     block_m = 32 if varlen and head_dim == 128 else 64
     candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
         {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},

@@ -1,7 +1,8 @@
 """Which output tiles a CTA computes: the tile scheduler both forward kernels share.
 
 An output tile is ``(m_block, seq, head)``: ``block_m`` query rows of one sequence (a batch
-element or a packed sequence) and one query head. Two grids:
+element or a packed sequence) and one query head (the backward's tiles are K/V blocks of one
+K/V head, ``first_is_longest``). Two grids:
 
 * **One CTA per tile** (the default): the hardware hands out tiles in launch order.
 * **Persistent** (the lab's ``persistent`` knob): ``num_ctas`` resident CTAs walk the tiles
@@ -45,11 +46,14 @@ class TileScheduler:
     (``heads_per_section``, needed inside the kernel only)."""
 
     def __init__(self, num_m_blocks, num_seqs, num_heads, persistent: bool, windowed: bool,
-                 lpt: bool = False, section=None):
+                 lpt: bool = False, section=None, first_is_longest: bool = False):
         self.num_m_blocks = num_m_blocks
         self.num_seqs = num_seqs
         self.num_heads = num_heads
         self.persistent = persistent
+        # Whether the tiles' lengths fall with the block index (the backward's K/V blocks
+        # under a causal band), so longest first is index order; else they rise with it.
+        self.reverse = windowed and not first_is_longest
         self.windowed = windowed
         self.lpt = lpt and windowed
         self.section = section
@@ -87,14 +91,14 @@ class TileScheduler:
         if self.lpt:
             return self._longest_first_coords(cute.arch.block_idx()[0])
         m_block, seq, head = cute.arch.block_idx()
-        return longest_first(m_block, self.num_m_blocks, self.windowed), seq, head
+        return longest_first(m_block, self.num_m_blocks, self.reverse), seq, head
 
     def coords(self, tile) -> tuple:
         """``(m_block, seq, head)`` of the ``tile``-th tile in launch order; plain arithmetic,
         for DSL values or Python ints."""
         if self.lpt:
             return self._longest_first_coords(tile)
-        return (longest_first(tile % self.num_m_blocks, self.num_m_blocks, self.windowed),
+        return (longest_first(tile % self.num_m_blocks, self.num_m_blocks, self.reverse),
                 (tile // self.num_m_blocks) % self.num_seqs,
                 tile // (self.num_m_blocks * self.num_seqs))
 
@@ -108,5 +112,5 @@ class TileScheduler:
         width = cutlass.min(self.section, pairs - first_pair)
         within = tile - section * section_tiles
         pair = first_pair + within % width
-        m_block = longest_first(within // width, self.num_m_blocks, True)
+        m_block = longest_first(within // width, self.num_m_blocks, self.reverse)
         return m_block, pair // self.num_heads, pair % self.num_heads
