@@ -54,3 +54,20 @@ def test_profile_reads_counters_for_ours_and_the_reference():
         assert result.metrics["wavefronts_ld"] > 0
         opcodes = result.metrics["per_opcode_with_modifier"]
         assert isinstance(opcodes, dict) and any(op.startswith("HMMA") for op in opcodes)
+
+
+def test_patch_times_edited_kernels_against_the_original(tmp_path, monkeypatch):
+    """``attnlab patch``: the original, an edit that matches nothing (the same binary: its
+    output identical) and seed 004's HMMA S08 -> S04, each timed, output compared."""
+    monkeypatch.setenv("COLUMNS", "220")
+    result = CliRunner().invoke(app, ["patch", "k16", "--edit", "HMMA:15:1", "--edit",
+                                      "HMMA:8:4", "--shape", "2,1024,1024,8,128",
+                                      "--runs", "10", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(next(tmp_path.glob("patch_k16_*.json")).read_text())
+    rows = {r["variant"]: r for r in payload["results"]}
+    assert list(rows) == ["original", "HMMA:15:1", "HMMA:8:4"]
+    assert rows["HMMA:15:1"]["changed"] == 0 and rows["HMMA:15:1"]["identical"]
+    assert rows["HMMA:8:4"]["changed"] > 0
+    assert all(r["median_ms"] > 0 and r["ci_ms"][0] <= r["median_ms"] <= r["ci_ms"][1]
+               for r in rows.values())

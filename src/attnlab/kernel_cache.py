@@ -140,6 +140,37 @@ def get(spec: Spec) -> CompiledKernel:
     return kernel
 
 
+def load_patched(spec: Spec, patch: Callable[[bytes], bytes], folder: Path) -> CompiledKernel:
+    """``spec``'s kernel with its binary rewritten by ``patch`` (same length: e.g. control-code
+    edits, ``analysis.cubin_patch``), loaded from a copy in ``folder``; the cache's own
+    entry is left as it was. Needs the disk cache (what is patched is its exported file).
+
+    Raises:
+        RuntimeError: the disk cache is off, or the kernel was not exported to it.
+    """
+    if not disk_cache_enabled():
+        raise RuntimeError(f"patching needs the disk cache ({DISK_CACHE_ENV}=0 turns it off)")
+    original = get(spec)
+    digest = spec_digest(spec)
+    meta_path = cache_dir() / f"{digest}.json"
+    if not meta_path.exists():
+        # Compiled in this process before the cache folder it is patched from was set.
+        original = _load_or_compile(spec)
+    if not meta_path.exists():
+        raise RuntimeError(f"{describe(spec)} could not be exported to the disk cache "
+                           f"{cache_dir()}")
+    linked = json.loads(meta_path.read_text()).get("linked", False)
+    suffix = ".so" if linked else ".o"
+    binary = (cache_dir() / digest).with_suffix(suffix).read_bytes()
+    patched = patch(binary)
+    if len(patched) != len(binary):
+        raise ValueError("a patch must keep the binary's length")
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{digest}_patched_{hashlib.sha256(patched).hexdigest()[:12]}"
+    stem.with_suffix(suffix).write_bytes(patched)
+    return CompiledKernel(_load_function(stem, linked), spec, original.registers, None)
+
+
 def clear_memory() -> None:
     """Forget the kernels of this process (the disk cache stays)."""
     _memory.clear()

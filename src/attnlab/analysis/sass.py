@@ -316,6 +316,9 @@ class SassReport:
     stalls: dict[str, dict[int, int]] = field(default_factory=dict)
     #: cycles between consecutive HMMA issues -> occurrences (``issue_intervals``).
     hmma_intervals: dict[int, int] = field(default_factory=dict)
+    #: seed 003's scalar RAW producers of LDGSTS / LDSM / HMMA in the main loop
+    #: (``dependencies.raw_dependencies``), when the disassembly text was at hand.
+    raw_dependencies: dict[str, object] = field(default_factory=dict)
 
     def distinct_address_registers(self, opcode: str) -> int:
         return len(self.address_registers.get(opcode, {}))
@@ -332,6 +335,8 @@ class SassReport:
         rows["copies feeding HMMA"] = self.copies_feeding_hmma_total
         rows["CS2R"] = self.cs2r
         rows["useful_pct"] = round(self.useful_pct, 2)
+        if self.raw_dependencies:
+            rows["RAW producers in the main loop"] = self.raw_dependencies["total"]
         return rows
 
     def to_dict(self) -> dict[str, object]:
@@ -353,6 +358,7 @@ class SassReport:
             "stalls": {op: {str(s): n for s, n in counts.items()}
                        for op, counts in self.stalls.items()},
             "hmma_intervals": {str(c): n for c, n in self.hmma_intervals.items()},
+            "raw_dependencies": self.raw_dependencies,
         }
 
 
@@ -360,9 +366,13 @@ def _sorted_counts(counter: Counter[str]) -> dict[str, int]:
     return dict(counter.most_common())
 
 
-def build_report(instructions: list[Instruction], *, label: str = "",
-                 arch: str = "") -> SassReport:
-    """All static statistics of one disassembly (stall counts need encodings)."""
+def build_report(instructions: list[Instruction], *, label: str = "", arch: str = "",
+                 sass_text: str | None = None) -> SassReport:
+    """All static statistics of one disassembly (stall counts need encodings; the RAW
+    producers of the main loop need the text ``instructions`` were parsed from, for its
+    branch labels)."""
+    from attnlab.analysis.dependencies import raw_dependencies
+
     copies = copies_feeding_hmma(instructions)
     # Control codes need every encoding (the stall sums run across instructions), or none.
     encoded = instructions if all(i.encoding is not None for i in instructions) else []
@@ -382,12 +392,15 @@ def build_report(instructions: list[Instruction], *, label: str = "",
         stalls={op: dict(sorted(counts.items()))
                 for op, counts in stall_summary(encoded).items()},
         hmma_intervals=dict(sorted(issue_intervals(encoded).items())),
+        raw_dependencies=(raw_dependencies(sass_text).to_dict() if sass_text is not None
+                          else {}),
     )
 
 
 def analyze_cubin(cubin: str | Path, *, label: str = "", arch: str = "") -> SassReport:
     """Disassemble a cubin (with encodings) and build its report."""
-    return build_report(parse(disassemble(cubin, encodings=True)), label=label, arch=arch)
+    text = disassemble(cubin, encodings=True)
+    return build_report(parse(text), label=label, arch=arch, sass_text=text)
 
 
 @dataclass(frozen=True)

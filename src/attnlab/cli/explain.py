@@ -104,7 +104,8 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
         raise typer.Exit(code=1) from None
     instructions = parse(text)
     return _Kernel(label, config, instructions,
-                   build_report(instructions, label=label, arch=arch), resources)
+                   build_report(instructions, label=label, arch=arch, sass_text=text),
+                   resources)
 
 
 def _occupancy(kernel: _Kernel, gpu: GpuSpec) -> Occupancy:

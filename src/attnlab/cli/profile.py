@@ -1,4 +1,5 @@
-"""``attnlab profile`` (Nsight Compute, ours vs the reference) and ``attnlab roofline``."""
+"""``attnlab profile`` (Nsight Compute, ours vs the reference), ``attnlab roofline`` and
+``attnlab patch`` (control-code edits timed against the original)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,62 @@ def profile_command(
     out.mkdir(parents=True, exist_ok=True)
     stem = f"profile_{Path(config).stem}{'_causal' if causal else ''}_{'x'.join(map(str, dims))}"
     console.print(f"wrote {save_json(out / f'{stem}.json', profiles)}")
+
+
+EDIT_OPTION = typer.Option(
+    None, "--edit", help="OPCODE:FROM:TO stall edit (repeat for several variants; 'A+B' "
+    "applies two edits in one variant); default seed 004's HMMA:8:4 (its IMMA:4:2 needs an "
+    "int8 kernel).")
+
+
+@app.command("patch")
+def patch_command(
+    config: str = typer.Argument(
+        "k16", help="Ladder name, JSON file of FlashConfig fields, or 'default'."),
+    edit: list[str] | None = EDIT_OPTION,
+    shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
+    dtype: str = typer.Option("bf16"),
+    causal: bool = typer.Option(False),
+    runs: int = typer.Option(50, min=5),
+    out: Path = OUT_OPTION,
+) -> None:
+    """Rewrite instructions' stall counts in a compiled kernel and time it against the
+    original (seed 004's CuAssembler edits), checking its output is unchanged."""
+    import json
+
+    from attnlab.analysis.cubin_patch import StallEdit
+    from attnlab.bench.patch_ab import run_ab
+    from attnlab.bench.runner import Point
+    from attnlab.ladder import resolve
+
+    try:
+        flash = None if config == "default" else resolve(config)
+        variants = {text: [StallEdit.parse(part) for part in text.split("+")]
+                    for text in edit or ["HMMA:8:4"]}
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    b, sq, sk, h, d = _shape(shape)
+    (dtype_name,) = parse_dtypes(dtype)
+    require_gpu()
+    point = Point(b, sq, sk, h, d, dtype_name, causal)
+    with console.status("compiling, patching and timing"):
+        results = run_ab(point, flash, variants, runs=runs)
+    base = results[0].median_ms
+    table = Table(title=f"control-code edits of {config}: {point.label()}, {runs} runs each")
+    for column in ("variant", "instructions changed", "median ms (95 % CI)", "vs original",
+                   "output"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for r in results:
+        same = "identical" if r.identical else f"[red]differs by {r.max_abs_diff:.3g}[/red]"
+        table.add_row(r.variant, str(r.changed),
+                      f"{r.median_ms:.4f} ({r.ci_ms[0]:.4f}-{r.ci_ms[1]:.4f})",
+                      f"{base / r.median_ms:.3f}x", same)
+    console.print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"patch_{Path(config).stem}_{'x'.join(map(str, (b, sq, sk, h, d)))}.json"
+    path.write_text(json.dumps({"point": point.label(), "config": config,
+                                "results": [r.to_dict() for r in results]}, indent=1))
+    console.print(f"wrote {path}")
 
 
 def _opcode(profile, opcode: str) -> float | None:
