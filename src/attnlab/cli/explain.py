@@ -24,7 +24,8 @@ from attnlab.analysis.sass import DiffRow, Instruction, SassReport, build_report
 from attnlab.analysis.sass import disassemble as disassemble_cubin
 from attnlab.analysis.tools import ToolNotFound
 from attnlab.cli import app
-from attnlab.compile import compile_config
+from attnlab.cli.measure import OUT_OPTION
+from attnlab.compile import DEFAULT_ARTIFACT_DIR, compile_config
 from attnlab.config import (
     SMEM_CAPACITY,
     SUPPORTED_DTYPES,
@@ -394,3 +395,53 @@ def occupancy_command(
     console.print(table)
     for spec, _, occ in results:
         console.print(f"next cliff on {spec.name}: {occ.next_cliff}")
+
+
+FAMILY_OPTION = typer.Option(None, "--family", help="Audit only this family (repeatable); "
+                             "default all.")
+
+
+@app.command("audit")
+def audit_command(
+    arch: str = ARCH_OPTION,
+    family: list[str] | None = FAMILY_OPTION,
+    artifacts: Path | None = ARTIFACTS_OPTION,
+    out: Path = OUT_OPTION,
+) -> None:
+    """Every kernel attnlab builds for ARCH, cross-compiled: useful_pct, registers and spills
+    per kernel and per family (seed 004's Observations AA and CC), as a table, JSON and PNG."""
+    from attnlab.analysis.audit import inventory, plot, run_audit, summarize
+    from attnlab.cli.measure import progress_bar
+
+    _choice(arch, list(SMEM_CAPACITY), "--arch")
+    known = inventory(arch)
+    chosen = family or list(known)
+    for name in chosen:
+        _choice(name, list(known), "--family")
+    folder = artifacts if artifacts is not None else DEFAULT_ARTIFACT_DIR
+    total = sum(len(known[name]) for name in chosen)
+    with progress_bar() as progress:
+        task = progress.add_task(f"cross-compiling for {arch}", total=total)
+        rows = run_audit(arch, folder, chosen, lambda _: progress.advance(task))
+    console = _console()
+    table = Table(title=f"static audit, {arch}: useful_pct (Observation AA), registers and "
+                  "spills (CC)", title_justify="left")
+    for column in ("family", "kernels", "useful_pct mean", "median", "max", "registers max",
+                   "kernels that spill"):
+        table.add_column(column, justify="left" if column == "family" else "right")
+    for s in summarize(rows):
+        table.add_row(s.family, str(s.kernels), f"{s.useful_pct_mean:.1f}",
+                      f"{s.useful_pct_median:.1f}", f"{s.useful_pct_max:.1f}",
+                      str(s.registers_max), str(s.spilling))
+    console.print(table)
+    spills = sorted((r for r in rows if r.spill_stores), key=lambda r: -r.spill_stores)
+    for r in spills[:10]:
+        console.print(f"spills: {r.label} ({r.family}): {r.spill_stores} stores, "
+                      f"{r.spill_loads} loads, {r.registers} registers")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"audit_{arch}.json").write_text(json.dumps(
+        {"arch": arch, "counts": "static (build-time)",
+         "families": [s.__dict__ for s in summarize(rows)],
+         "kernels": [r.to_dict() for r in rows]}, indent=1))
+    console.print(f"wrote {out / f'audit_{arch}.json'} and "
+                  f"{plot(rows, out / f'audit_{arch}.png')}")

@@ -1,0 +1,143 @@
+"""Audits across every kernel attnlab builds: seed 004's Observation AA (useful_pct, the share
+of instructions doing arithmetic, per kernel and per family) and Observation CC (registers and
+spills), from cross-compiled binaries (no GPU).
+
+The inventory is what the library ships, per architecture: the forward ladder's configs
+(each step and lab variant at hd128), the forward kernels ``attention()`` runs by default
+(``policy.default_specs``), the backward kernels and their preprocess
+(``policy.default_backward_specs``). Families the lab adds later (GEMM, convolution) join
+the inventory here. Every count is static (build time), as the seed's were.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnlab import ladder, policy
+from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
+
+Spec = ForwardSpec | BackwardSpec | PreprocessSpec
+
+
+def _label(spec: Spec) -> str:
+    head = f"{spec.dtype} hd{spec.head_dim}"
+    if isinstance(spec, PreprocessSpec):
+        return f"preprocess {head}{' varlen' if spec.varlen else ''}" \
+               f"{' dlse' if spec.with_dlse else ''}"
+    return f"{spec.config.short_name()} {head}{spec.variant()}"
+
+
+def inventory(arch: str) -> dict[str, dict[str, Spec]]:
+    """Family -> {label: spec} of every kernel attnlab builds for ``arch``."""
+    families: dict[str, dict[str, Spec]] = {
+        "forward ladder": {f"{name} hd128": ForwardSpec(config, arch, "bfloat16", 128, False)
+                           for name, config in ladder.named_for(arch, 128).items()},
+        "forward defaults": {_label(s): s for s in policy.default_specs(arch)},
+        "backward": {}, "backward preprocess": {}}
+    for spec in policy.default_backward_specs(arch):
+        family = "backward preprocess" if isinstance(spec, PreprocessSpec) else "backward"
+        families[family][_label(spec)] = spec
+    return families
+
+
+@dataclass(frozen=True)
+class KernelAudit:
+    """One kernel's static counts."""
+
+    family: str
+    label: str
+    arch: str
+    instructions: int
+    useful_pct: float
+    registers: int
+    spill_stores: int
+    spill_loads: int
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def audit_kernel(family: str, label: str, spec: Spec, folder: Path) -> KernelAudit:
+    """Cross-compile ``spec`` (cached in ``folder``) and count."""
+    from attnlab.analysis.resources import read_resources
+    from attnlab.analysis.sass import disassemble, parse, useful_pct
+    from attnlab.compile import compile_spec
+
+    cubin = compile_spec(spec, folder).cubin
+    text = disassemble(cubin)
+    instructions = parse(text)
+    resources = read_resources(cubin, text)
+    return KernelAudit(family, label, spec.arch, len(instructions),
+                       round(useful_pct(instructions), 2), resources.registers,
+                       resources.spill_stores, resources.spill_loads)
+
+
+def run_audit(arch: str, folder: Path, families: Iterable[str] | None = None,
+              on_done: Callable[[KernelAudit], None] | None = None) -> list[KernelAudit]:
+    """Audit every kernel of ``families`` (all when None) on ``arch``."""
+    known = inventory(arch)
+    chosen = list(known) if families is None else list(families)
+    unknown = sorted(set(chosen) - set(known))
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; known: {sorted(known)}")
+    rows = []
+    for family in chosen:
+        for label, spec in known[family].items():
+            rows.append(audit_kernel(family, label, spec, folder))
+            if on_done is not None:
+                on_done(rows[-1])
+    return rows
+
+
+@dataclass(frozen=True)
+class FamilySummary:
+    """Observation AA's per-family table, with Observation CC's registers and spills."""
+
+    family: str
+    kernels: int
+    useful_pct_mean: float
+    useful_pct_median: float
+    useful_pct_max: float
+    registers_max: int
+    spilling: int
+
+
+def summarize(rows: list[KernelAudit]) -> list[FamilySummary]:
+    """Per family, in the order the rows first name it."""
+    summaries = []
+    for family in dict.fromkeys(r.family for r in rows):
+        mine = [r for r in rows if r.family == family]
+        useful = [r.useful_pct for r in mine]
+        summaries.append(FamilySummary(
+            family, len(mine), round(statistics.mean(useful), 2),
+            round(statistics.median(useful), 2), max(useful),
+            max(r.registers for r in mine), sum(1 for r in mine if r.spill_stores)))
+    return summaries
+
+
+def plot(rows: list[KernelAudit], path: Path) -> Path:
+    """useful_pct and registers per kernel, grouped by family (one dot per kernel)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(dict.fromkeys(r.family for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.6 * len(families) + 2.2), sharey=True)
+    for axis, field, title in ((axes[0], "useful_pct", "useful_pct (% of instructions)"),
+                               (axes[1], "registers", "registers per thread")):
+        for y, family in enumerate(families):
+            mine = [r for r in rows if r.family == family]
+            axis.scatter([getattr(r, field) for r in mine], [y] * len(mine), alpha=0.6,
+                         c=["tab:red" if r.spill_stores else "tab:blue" for r in mine], s=18)
+        axis.set_title(title)
+        axis.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(families)), families)
+    fig.suptitle(f"static audit, {rows[0].arch}: {len(rows)} kernels (red: spills)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
