@@ -11,8 +11,8 @@ import pytest
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.backward_config import (
-    BACKWARD_HEAD_DIMS,
     BackwardConfig,
+    backward_head_dims,
     default_backward,
 )
 from attnlab.compile import compile_spec
@@ -29,6 +29,7 @@ from attnlab.kernels.common.backward_walk import BackwardKernel
     ({"dq_warps_m": 3}, "dq_warps_m"),
     ({"wgmma": True, "block_m": 32}, "wgmma needs"),
     ({"wgmma": True, "dq_warps_m": 4}, "wgmma needs"),
+    ({"wgmma": True, "block_n": 64, "block_m": 128}, "wgmma needs"),
     ({"producer_warp": True}, "producer_warp needs wgmma"),
 ])
 def test_bad_configs_say_why(knobs, message):
@@ -38,7 +39,12 @@ def test_bad_configs_say_why(knobs, message):
 
 def test_problems_a_config_cannot_serve():
     with pytest.raises(ConfigError, match="backward serves head dims"):
-        BackwardConfig().check_problem(256)
+        BackwardConfig().check_problem(80)
+    for config in (BackwardConfig(), BackwardConfig(wgmma=True)):
+        with pytest.raises(ConfigError, match="only the wgmma kernel with block_n=64"):
+            config.check_problem(256, "sm_90a")
+    with pytest.raises(ConfigError, match="above 128 it needs sm_90a"):
+        default_backward(192, "sm_80")
     with pytest.raises(ConfigError, match="wgmma needs sm_90a"):
         BackwardConfig(wgmma=True).check_problem(128, "sm_80")
     with pytest.raises(ConfigError, match="shared memory"):
@@ -46,11 +52,17 @@ def test_problems_a_config_cannot_serve():
 
 
 def test_defaults_per_arch():
-    for head_dim in BACKWARD_HEAD_DIMS:
-        for arch in ("sm_80", "sm_86", "sm_90a"):
+    for arch in ("sm_80", "sm_86", "sm_90a"):
+        for head_dim in backward_head_dims(arch):
             config = default_backward(head_dim, arch)
             assert config.wgmma == (arch == "sm_90a")
+            assert config.split_head_dim == (head_dim > 128)
             config.check_problem(head_dim, arch)
+    assert backward_head_dims("sm_80") == (32, 64, 96, 128)
+    assert backward_head_dims("sm_90a") == (32, 64, 96, 128, 192, 256)
+    # hd256: one ring stage, or dQ's fp32 staging would not fit beside two.
+    assert (default_backward(192, "sm_90a").q_stages, default_backward(256, "sm_90a").q_stages
+            ) == (2, 1)
     assert default_backward(64, "sm_90a").block_m == 128
     assert default_backward(128, "sm_90a").block_m == 64
     assert default_backward(128, "sm_90a").producer_warp
@@ -82,10 +94,12 @@ def test_launch_abi_is_spelled_out_once():
 # (arch, head dim, windowed, varlen, deterministic): each default kernel, plain, and its
 # masked packed variants at the largest head dim (the most registers).
 COMPILED = [(arch, hd, False, False, False) for arch in ("sm_80", "sm_90a")
-            for hd in BACKWARD_HEAD_DIMS]
+            for hd in backward_head_dims(arch)]
 COMPILED += [(arch, 128, True, True, det) for arch in ("sm_80", "sm_90a") for det in (0, 1)]
 # B_r = 128 with a mask: the most live registers of the producer-warp kernel.
 COMPILED += [("sm_90a", 64, True, False, False)]
+# The warpgroups split the head dim: masked, packed and deterministic at the largest.
+COMPILED += [("sm_90a", 256, True, True, det) for det in (0, 1)]
 
 
 @pytest.mark.parametrize("arch, head_dim, windowed, varlen, deterministic", COMPILED)
@@ -145,7 +159,7 @@ def test_warm_covers_every_default_backward_kernel():
         assert len(specs) == len(set(specs))
         backward = [s for s in specs if isinstance(s, BackwardSpec)]
         assert {(s.head_dim, s.dtype, s.windowed, s.varlen) for s in backward} == {
-            (hd, dt, w, v) for hd in BACKWARD_HEAD_DIMS for dt in ("float16", "bfloat16")
+            (hd, dt, w, v) for hd in backward_head_dims(arch) for dt in ("float16", "bfloat16")
             for w in (False, True) for v in (False, True)}
         assert all(s.config == default_backward(s.head_dim, arch, s.varlen) for s in backward)
         assert sum(isinstance(s, PreprocessSpec) for s in specs) == len(backward)

@@ -37,6 +37,12 @@ def poison_allocator(megabytes: int = 512) -> None:
     del block
 
 
+def arch() -> str:
+    from attnlab import device
+
+    return device.info(torch.device("cuda")).arch
+
+
 def randn(*shape, dtype, gen):
     return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
 
@@ -102,6 +108,10 @@ CASES = [
     (1, 1000, 1000, 4, 1, 32, (-1, 0)),  # MQA
     (1, 1000, 1000, 4, 4, 96, (128, 64)),  # sliding window
     (2, 640, 900, 4, 4, 128, (100, 0)),
+    # Above hd128 (sm_90a): the warpgroups split the head dim.
+    (2, 700, 700, 4, 2, 192, (-1, -1)),
+    (1, 517, 900, 4, 4, 256, (-1, 0)),
+    (1, 1000, 1000, 4, 1, 256, (200, 50)),
 ]
 
 
@@ -109,6 +119,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
 def test_gradients_match_the_reference(case, dtype):
     *shape, window = case
+    if shape[-1] > 128 and arch() != "sm_90a":
+        pytest.skip("the backward above hd128 needs sm_90a")
     (q, k, v), dout = dense_case(*shape, DTYPES[dtype], seed=sum(shape))
     scale = 1.0 / math.sqrt(shape[-1])
     ref = reference_grads(q, k, v, dout, window, scale)
@@ -200,10 +212,18 @@ def test_deterministic_gradients_are_bitwise_repeatable():
 
 
 def test_unsupported_backward_says_what_and_out_is_not_differentiable():
+    from attnlab import backward
+    from attnlab.backward_config import BackwardConfig
+
     (q, k, v), dout = dense_case(1, 128, 128, 2, 2, 256, torch.bfloat16, seed=1)
-    out = attnlab.attention(q, k, v)  # the forward works at any head dim
-    with pytest.raises(ConfigError, match="backward serves head dims"):
-        torch.autograd.grad(out, (q, k, v), dout)
+    out, lse = attnlab.attention(q, k, v, return_lse=True)  # the forward works at any head dim
+    if arch() != "sm_90a":
+        with pytest.raises(ConfigError, match="above 128 it needs sm_90a"):
+            torch.autograd.grad(out, (q, k, v), dout)
+    with pytest.raises(ConfigError, match="only the wgmma kernel with block_n=64"):
+        backward.attention_backward(dout, q.detach(), k.detach(), v.detach(), out.detach(),
+                                    lse.detach(), None, None, None, None, None, 0.0625,
+                                    (-1, -1), config=BackwardConfig())
     (q, k, v), _ = dense_case(1, 128, 128, 2, 2, 64, torch.bfloat16, seed=1)
     with pytest.raises(RuntimeError, match="out= is not differentiable"):
         attnlab.attention(q, k, v, out=torch.empty_like(q))
@@ -276,7 +296,8 @@ def test_training_loop_loss_matches_sdpa():
 #: (config knobs, head dim) of each backward kernel and tile the GPU may run.
 KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
            "wgmma": ({"wgmma": True}, 128),
-           "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64)}
+           "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64),
+           "wgmma_split_d": ({"wgmma": True, "block_n": 64, "producer_warp": True}, 128)}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -284,11 +305,11 @@ KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
 def test_each_backward_kernel_matches_the_reference(kernel, window):
     """Every kernel and tile where the GPU runs it (the mma.sync kernel on any sm80+ GPU,
     the wgmma one on sm_90a), through ``backward.attention_backward`` with its config."""
-    from attnlab import backward, device
+    from attnlab import backward
     from attnlab.backward_config import BackwardConfig
 
     knobs, head_dim = KERNELS[kernel]
-    if knobs.get("wgmma") and device.info(torch.device("cuda")).arch != "sm_90a":
+    if knobs.get("wgmma") and arch() != "sm_90a":
         pytest.skip("the wgmma kernel needs sm_90a")
     (q, k, v), dout = dense_case(2, 700, 900, 8, 2, head_dim, torch.bfloat16, seed=31)
     scale = 1 / math.sqrt(head_dim)

@@ -58,16 +58,23 @@ def test_profile_reads_counters_for_ours_and_the_reference():
 
 def test_patch_times_edited_kernels_against_the_original(tmp_path, monkeypatch):
     """``attnlab patch``: the original, an edit that matches nothing (the same binary: its
-    output identical) and seed 004's HMMA S08 -> S04, each timed, output compared."""
+    output identical) and seed 004's HMMA edit for this GPU (S08 -> S04 on sm_80, S06 ->
+    S03 on sm_90a), each timed, output compared."""
+    import torch
+
+    from attnlab import device
+    from attnlab.analysis.cubin_patch import SEED_HMMA_EDIT
+
+    seed_edit = SEED_HMMA_EDIT.get(device.info(torch.device("cuda")).arch, "HMMA:8:4")
     monkeypatch.setenv("COLUMNS", "220")
     result = CliRunner().invoke(app, ["patch", "k16", "--edit", "HMMA:15:1", "--edit",
-                                      "HMMA:8:4", "--shape", "2,1024,1024,8,128",
+                                      seed_edit, "--shape", "2,1024,1024,8,128",
                                       "--runs", "10", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     payload = json.loads(next(tmp_path.glob("patch_k16_*.json")).read_text())
     rows = {r["variant"]: r for r in payload["results"]}
-    assert list(rows) == ["original", "HMMA:15:1", "HMMA:8:4"]
+    assert list(rows) == ["original", "HMMA:15:1", seed_edit]
     assert rows["HMMA:15:1"]["changed"] == 0 and rows["HMMA:15:1"]["identical"]
-    assert rows["HMMA:8:4"]["changed"] > 0
+    assert rows[seed_edit]["changed"] > 0
     assert all(r["median_ms"] > 0 and r["ci_ms"][0] <= r["median_ms"] <= r["ci_ms"][1]
                for r in rows.values())

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from attnlab.config import MMA_M, SMEM_CAPACITY, ConfigError
 
-#: Head dims the backward serves: dK and dV of a warp's 16 key rows live in registers (D
-#: fp32 values per thread), which caps D at 128.
-BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128)
+#: Head dims the backward serves.
+BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
+#: The largest head dim whose dK and dV a warpgroup (wgmma) or a warp (mma.sync) holds for
+#: its own key rows: D fp32 values per thread each. Above it the wgmma kernel's warpgroups
+#: share the key rows and split the head dim (``split_head_dim``); mma.sync has no such tile.
+WHOLE_ROWS_MAX_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class BackwardConfig:
         wgmma: the Hopper kernel (sm_90a): two warpgroups of 64 key rows each (B_c = 128,
             8 warps) issue warpgroup MMAs that read Q, dO, K, V and dS from shared memory
             through descriptors; B_r = 64 (dQ's two warpgroups split the head dim) or 128
-            (they split the query rows).
+            (they split the query rows). With B_c = 64 (and B_r = 64) the two warpgroups
+            share the key rows and split the head dim instead (``split_head_dim``).
         producer_warp: with ``wgmma``, warp specialisation: a producer warp loads Q_i,
             dO_i, L_i and D_i by TMA into a ring guarded by full/empty barriers, so the
             consumer warpgroups meet once per query block (dS^T written; its tile is double
@@ -62,7 +66,7 @@ class BackwardConfig:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.num_warps not in (4, 8):
             raise ConfigError(f"num_warps must be 4 or 8, got {self.num_warps}")
-        if self.block_n != MMA_M * self.num_warps:
+        if self.block_n != MMA_M * self.num_warps and not self.wgmma:
             raise ConfigError(f"block_n must be 16 * num_warps = {MMA_M * self.num_warps} (each "
                               f"warp owns 16 key rows), got {self.block_n}")
         if self.block_m % MMA_M or not 16 <= self.block_m <= 128:
@@ -70,10 +74,12 @@ class BackwardConfig:
                               f"{self.block_m}")
         if self.q_stages not in (1, 2):
             raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages}")
-        if self.wgmma and ((self.block_n, self.num_warps, self.dq_warps_m) != (128, 8, 0)
-                           or self.block_m not in (64, 128)):
-            raise ConfigError("wgmma needs block_n 128, num_warps 8 (two warpgroups of 64 "
-                              "key rows), block_m 64 or 128 and no dq_warps_m")
+        if self.wgmma and ((self.num_warps, self.dq_warps_m) != (8, 0) or (
+                self.block_n, self.block_m) not in ((128, 64), (128, 128), (64, 64))):
+            raise ConfigError("wgmma needs num_warps 8 (two warpgroups), no dq_warps_m and "
+                              "(block_n, block_m) of (128, 64) or (128, 128) (a warpgroup "
+                              "per 64 key rows) or (64, 64) (the warpgroups split the head "
+                              "dim)")
         if self.producer_warp and not self.wgmma:
             raise ConfigError("producer_warp needs wgmma (the TMA ring feeds warpgroup MMAs)")
         wm = self.dq_warps[0]
@@ -89,6 +95,13 @@ class BackwardConfig:
             return (4 * self.block_m // 64, self.num_warps * 64 // (4 * self.block_m))
         wm = self.dq_warps_m or min(self.num_warps, self.block_m // MMA_M)
         return wm, self.num_warps // wm
+
+    @property
+    def split_head_dim(self) -> bool:
+        """wgmma with B_c = 64: both warpgroups work on the same 64 key rows and split the
+        head dim of dK, dV and dQ between them (FA3's tile above hd128), so each holds D / 2
+        columns of dK and dV; P^T then joins dS^T in shared memory, as dV's A operand."""
+        return self.wgmma and self.block_n == 64
 
     @property
     def num_threads(self) -> int:
@@ -130,8 +143,8 @@ class BackwardConfig:
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """K and V, ``q_stages`` Q and dO tiles, the dS^T tiles, L and D, and with wgmma dQ's
-        fp32 staging tile (and the ring's barriers)."""
+        """K and V, ``q_stages`` Q and dO tiles, the dS^T (and with ``split_head_dim`` P^T)
+        tiles, L and D, and with wgmma dQ's fp32 staging tile (and the ring's barriers)."""
         rows = 2 * self.block_n + 2 * self.q_stages * self.block_m
         # L and D per stage; a producer's stages are whole 128-byte lines with room for a
         # packed sequence's 16-byte-aligned start.
@@ -140,7 +153,8 @@ class BackwardConfig:
         # One 1024-byte-aligned fp32 box per warp (the TMA reduce's source).
         staging = self.block_m * head_dim * 4 + 1024 if self.wgmma else 0
         barriers = 16 * self.q_stages if self.producer_warp else 0
-        return ((rows * head_dim + self.ds_stages * self.block_n * self.block_m) * elem_bytes
+        transposed_tiles = (2 if self.split_head_dim else 1) * self.ds_stages
+        return ((rows * head_dim + transposed_tiles * self.block_n * self.block_m) * elem_bytes
                 + stats + staging + barriers)
 
     def check_problem(self, head_dim: int, arch: str | None = "sm_80") -> None:
@@ -148,6 +162,11 @@ class BackwardConfig:
         if head_dim not in BACKWARD_HEAD_DIMS:
             raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                               f"{head_dim}")
+        if head_dim > WHOLE_ROWS_MAX_HEAD_DIM and not self.split_head_dim:
+            raise ConfigError(f"{self.short_name()} keeps D fp32 values of dK and dV per "
+                              f"thread, too many at head_dim={head_dim}: above "
+                              f"{WHOLE_ROWS_MAX_HEAD_DIM} only the wgmma kernel with "
+                              "block_n=64, block_m=64 serves (sm_90a)")
         if head_dim % (16 * self.dq_warps[1]):
             raise ConfigError(f"head_dim={head_dim} must split into {self.dq_warps[1]} "
                               "16-column slices for dQ")
@@ -164,17 +183,35 @@ class BackwardConfig:
                               f"{capacity}")
 
 
+def backward_head_dims(arch: str) -> tuple[int, ...]:
+    """The head dims whose backward ``arch`` runs: all on sm_90a, up to
+    ``WHOLE_ROWS_MAX_HEAD_DIM`` on the mma.sync path."""
+    if arch == "sm_90a":
+        return BACKWARD_HEAD_DIMS
+    return tuple(d for d in BACKWARD_HEAD_DIMS if d <= WHOLE_ROWS_MAX_HEAD_DIM)
+
+
 def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
                      ) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
-    first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``);
-    elsewhere the mma.sync one with FA2's sm80 tile (B_c = 128 over 8 warps, B_r = 64; B_r =
-    32 for packed sequences at hd128, whose sequence offsets push B_r = 64 to spill), made
-    smaller where shared memory is (sm_86/89: one Q/dO stage, then B_c = 64)."""
-    if head_dim not in BACKWARD_HEAD_DIMS:
-        raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
-                          f"{head_dim}")
+    first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``;
+    above hd128 the 64 x 64 tile whose warpgroups split the head dim, with as many ring
+    stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
+    128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
+    offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one Q/dO
+    stage, then B_c = 64)."""
+    if head_dim not in backward_head_dims(arch):
+        raise ConfigError(f"the backward serves head dims {backward_head_dims(arch)} on "
+                          f"{arch}, not {head_dim}" + (
+                              " (above 128 it needs sm_90a's wgmma kernel)"
+                              if head_dim in BACKWARD_HEAD_DIMS else ""))
     if arch == "sm_90a":
+        if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
+            split = BackwardConfig(wgmma=True, block_n=64, block_m=64, producer_warp=True,
+                                   lpt=True)
+            if split.smem_bytes(head_dim) > SMEM_CAPACITY[arch]:
+                split = split.replace(q_stages=1)
+            return split
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
                               producer_warp=True, lpt=True)
     block_m = 32 if varlen and head_dim == 128 else 64

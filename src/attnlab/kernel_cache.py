@@ -121,6 +121,8 @@ def cache_dir() -> Path:
 
 
 _memory: dict[Spec, CompiledKernel] = {}
+#: Patched copies loaded by this process, by file (``load_patched``).
+_patched: dict[Path, CompiledKernel] = {}
 _compiling = threading.Lock()
 
 
@@ -167,8 +169,14 @@ def load_patched(spec: Spec, patch: Callable[[bytes], bytes], folder: Path) -> C
         raise ValueError("a patch must keep the binary's length")
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / f"{digest}_patched_{hashlib.sha256(patched).hexdigest()[:12]}"
-    stem.with_suffix(suffix).write_bytes(patched)
-    return CompiledKernel(_load_function(stem, linked), spec, original.registers, None)
+    kernel = _patched.get(stem)
+    if kernel is None:
+        # Written once: rewriting a library this process has mapped truncates it under the
+        # loaded code (two edits that leave the same bytes share a file).
+        stem.with_suffix(suffix).write_bytes(patched)
+        kernel = _patched[stem] = CompiledKernel(_load_function(stem, linked), spec,
+                                                 original.registers, None)
+    return kernel
 
 
 def clear_memory() -> None:

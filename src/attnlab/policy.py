@@ -8,7 +8,7 @@ in ``docs/ladder.md`` that measured it.
 
 from __future__ import annotations
 
-from attnlab.backward_config import BACKWARD_HEAD_DIMS, default_backward
+from attnlab.backward_config import backward_head_dims, default_backward
 from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, FlashConfig
 from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
 from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family, k07_for
@@ -143,7 +143,7 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
     dim and dtype, dense and packed, plain and masked, and the preprocess with and without
     the LSE's gradient. What ``attnlab cache --warm`` compiles beside ``default_specs``."""
     specs: list[BackwardSpec | PreprocessSpec] = []
-    for head_dim in BACKWARD_HEAD_DIMS:
+    for head_dim in backward_head_dims(arch):
         for dtype in SUPPORTED_DTYPES:
             for varlen in (False, True):
                 config = default_backward(head_dim, arch, varlen)

@@ -99,8 +99,9 @@ def profile_command(
 
 EDIT_OPTION = typer.Option(
     None, "--edit", help="OPCODE:FROM:TO stall edit (repeat for several variants; 'A+B' "
-    "applies two edits in one variant); default seed 004's HMMA:8:4 (its IMMA:4:2 needs an "
-    "int8 kernel).")
+    "applies two edits in one variant); default seed 004's HMMA edit for this GPU: the "
+    "stall of back-to-back HMMAs halved, 8 -> 4 on sm_80, 6 -> 3 on sm_90a (its IMMA:4:2 "
+    "needs an int8 kernel).")
 
 
 @app.command("patch")
@@ -118,20 +119,28 @@ def patch_command(
     original (seed 004's CuAssembler edits), checking its output is unchanged."""
     import json
 
-    from attnlab.analysis.cubin_patch import StallEdit
+    import torch
+
+    from attnlab import device
+    from attnlab.analysis.cubin_patch import SEED_HMMA_EDIT, StallEdit
     from attnlab.bench.patch_ab import run_ab
     from attnlab.bench.runner import Point
     from attnlab.ladder import resolve
 
+    def variants_of(texts: list[str]) -> dict[str, list[StallEdit]]:
+        return {text: [StallEdit.parse(part) for part in text.split("+")] for text in texts}
+
     try:
         flash = None if config == "default" else resolve(config)
-        variants = {text: [StallEdit.parse(part) for part in text.split("+")]
-                    for text in edit or ["HMMA:8:4"]}
+        variants = variants_of(edit or [])
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     b, sq, sk, h, d = _shape(shape)
     (dtype_name,) = parse_dtypes(dtype)
     require_gpu()
+    if not variants:
+        arch = device.info(torch.device("cuda")).arch
+        variants = variants_of([SEED_HMMA_EDIT.get(arch, SEED_HMMA_EDIT["sm_80"])])
     point = Point(b, sq, sk, h, d, dtype_name, causal)
     with console.status("compiling, patching and timing"):
         results = run_ab(point, flash, variants, runs=runs)
@@ -147,7 +156,8 @@ def patch_command(
                       f"{base / r.median_ms:.3f}x", same)
     console.print(table)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"patch_{Path(config).stem}_{'x'.join(map(str, (b, sq, sk, h, d)))}.json"
+    path = out / (f"patch_{Path(config).stem}{'_causal' if causal else ''}_"
+                  f"{'x'.join(map(str, (b, sq, sk, h, d)))}.json")
     path.write_text(json.dumps({"point": point.label(), "config": config,
                                 "results": [r.to_dict() for r in results]}, indent=1))
     console.print(f"wrote {path}")

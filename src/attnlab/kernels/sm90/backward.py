@@ -12,7 +12,12 @@ warp, the shared-memory traffic that bounds the ``mma.sync`` kernel (docs/backwa
   to 16 bits are already the A layout, ``acc_as_wgmma_operand_a``), B = dO_i and Q_i read
   MN-major through a transposed view of the same shared tiles.
 * dQ_i = dS K_j: dS^T (written once to shared memory) read MN-major as A, K_j MN-major as B;
-  the two warpgroups split the head dim (B_r = 64) or the query rows (B_r = 128). Each warp
+  the two warpgroups split the head dim (B_r = 64) or the query rows (B_r = 128).
+* Above hd128 a warpgroup cannot hold dK and dV of 64 key rows (2 x D fp32 values per
+  thread): with ``split_head_dim`` (B_c = B_r = 64) both warpgroups take the same key rows,
+  split S^T and dP^T along the query rows, and split dK, dV and dQ along the head dim. dV's
+  and dK's A operands, P^T and dS^T, are then another warpgroup's registers too, so both go
+  to shared memory (FA3's layout at hd256) and the barrier comes before dV. Each warp
   stages its 16-row slice of dQ_i in its own swizzled box of shared memory and adds it into
   ``dq_accum`` by one TMA reduce-add (the adds happen in L2), with no CTA barrier:
   per-element ``red`` instructions saturated the load/store unit (ncu: ``lg_throttle`` the
@@ -49,6 +54,7 @@ from attnlab.config import WGMMA_M
 from attnlab.kernels.abi import BackwardArgs
 from attnlab.kernels.common.backward_walk import BackwardKernel
 from attnlab.kernels.common.barriers import NamedBarrier
+from attnlab.kernels.common.base import shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_as_wgmma_operand_a
 from attnlab.kernels.common.tma import (
@@ -71,16 +77,27 @@ class FlashBackwardSm90(BackwardKernel):
             self.dtype)
         return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
+    def _warpgroups_along(self, rows: int) -> tuple[int, int]:
+        """A GEMM's warpgroups along (M, N) when M is ``rows``: 64 rows each, the rest
+        split N."""
+        along_m = rows // WGMMA_M
+        return along_m, self.cfg.num_warps // 4 // along_m
+
     @property
     def _dq_warpgroups(self) -> tuple[int, int]:
-        """dQ's warpgroups along (B_r, D): 64 query rows each, the rest split the head dim."""
-        along_m = self.cfg.block_m // WGMMA_M
-        return along_m, self.cfg.block_n // WGMMA_M // along_m
+        """dQ's warpgroups along (B_r, D)."""
+        return self._warpgroups_along(self.cfg.block_m)
+
+    @property
+    def _kv_warpgroups(self) -> tuple[int, int]:
+        """S^T's, dP^T's, dV's and dK's warpgroups along (B_c, B_r or D)."""
+        return self._warpgroups_along(self.cfg.block_n)
 
     def smem_layouts(self) -> tuple:
         cfg, D = self.cfg, self.head_dim
-        # K is also dQ's B operand, of which each warpgroup may read a slice of the head dim.
-        return (self._layout(cfg.block_m, D, cfg.q_stages, D),
+        # Q and dO are also dK's and dV's B operands, K dQ's, of which each warpgroup may
+        # read a slice of the head dim.
+        return (self._layout(cfg.block_m, D, cfg.q_stages, D // self._kv_warpgroups[1]),
                 self._layout(cfg.block_n, D, 1, D // self._dq_warpgroups[1]),
                 self._layout(cfg.block_n, cfg.block_m, cfg.ds_stages, cfg.block_m))
 
@@ -89,16 +106,20 @@ class FlashBackwardSm90(BackwardKernel):
         return buffer.get_tensor(layout.outer, swizzle=layout.inner)
 
     def tiled_mmas(self) -> tuple:
-        """S^T and dP^T, dV and dK (warpgroups along B_c), dQ (``_dq_warpgroups``)."""
+        """S^T and dP^T, dV and dK (``_kv_warpgroups``: along B_c, or with
+        ``split_head_dim`` along B_r and D), dQ (``_dq_warpgroups``)."""
         cfg, D = self.cfg, self.head_dim
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
-        along_m = (cfg.block_n // WGMMA_M, 1, 1)
+        along_m, along_n = self._kv_warpgroups
+        # P^T and dS^T: this warpgroup's accumulators, or shared memory when split.
+        source = (warpgroup.OperandSource.SMEM if cfg.split_head_dim
+                  else warpgroup.OperandSource.RMEM)
         return (sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, k_major, k_major,
-                                                  cutlass.Float32, along_m,
-                                                  (WGMMA_M, cfg.block_m)),
+                                                  cutlass.Float32, (along_m, along_n, 1),
+                                                  (WGMMA_M, cfg.block_m // along_n)),
                 sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, k_major, mn_major,
-                                                  cutlass.Float32, along_m, (WGMMA_M, D),
-                                                  warpgroup.OperandSource.RMEM),
+                                                  cutlass.Float32, (along_m, along_n, 1),
+                                                  (WGMMA_M, D // along_n), source),
                 sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, mn_major, mn_major,
                                                   cutlass.Float32, (*self._dq_warpgroups, 1),
                                                   (WGMMA_M, D // self._dq_warpgroups[1])))
@@ -110,13 +131,14 @@ class FlashBackwardSm90(BackwardKernel):
 
     def _dq_staging(self):
         """One swizzled (16, columns) fp32 box per MMA warp, the layout a TMA box takes
-        (the swizzle also spreads the warp's 64-bit stores over all banks). Widths that are
-        not a multiple of 32 columns (hd96's 48) take the 32-byte swizzle: the DSL's TMA
-        builder aborts on 64-byte fp32 boxes (4.8.1)."""
+        (the swizzle also spreads the warp's 64-bit stores over all banks). Widths other than
+        32, 64 or 128 columns (hd96's 48, hd192's 96) take the 32-byte swizzle: the DSL's TMA
+        builder aborts on 64-byte fp32 boxes and on three 128-byte atoms (4.8.1)."""
         rows, cols = self._dq_box
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, cutlass.Float32,
-                                            8 if cols % 32 else cols), cutlass.Float32)
+                                            cols if cols in (32, 64, 128) else 8),
+            cutlass.Float32)
         return cute.tile_to_shape(atom, (rows, cols, self.cfg.num_warps), order=(0, 1, 2))
 
     def _dq_tile_view(self):
@@ -132,6 +154,8 @@ class FlashBackwardSm90(BackwardKernel):
     def extra_smem(self) -> dict:
         fields = {"sdQ": cute.struct.Align[cute.struct.MemRange[
             cutlass.Float32, cute.cosize(self._dq_staging())], 1024]}
+        if self.cfg.split_head_dim:
+            fields["sP"] = shared_tile(self.dtype, self.smem_layouts()[2])
         if self.cfg.producer_warp:
             # Full, then empty, per ring stage.
             fields["ring_bars"] = cute.struct.MemRange[cutlass.Int64, 2 * self.cfg.q_stages]
@@ -227,10 +251,16 @@ class FlashBackwardSm90(BackwardKernel):
                  wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
                  wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
                  wg_dq.make_fragment_B(wg_dq.partition_B(sKt)))
+        shared_a = None
+        if cutlass.const_expr(self.cfg.split_head_dim):
+            # dV's and dK's A operands, P^T and dS^T, from shared memory.
+            sP = self.smem_tensor(storage.sP, self.smem_layouts()[2])
+            shared_a = (sP, tidx, wg_dkv.make_fragment_A(wg_dkv.partition_A(sP)),
+                        wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS)))
         staging = self._dq_staging()
         boxes = storage.sdQ.get_tensor(staging.outer, swizzle=staging.inner)
         return (mmas, tuple(m.get_slice(tidx) for m in mmas), frags,
-                (boxes, cute.composition(boxes, self._dq_tile_view())))
+                (boxes, cute.composition(boxes, self._dq_tile_view())), shared_a)
 
     def _new_acc(self, thr, shape) -> cute.Tensor:
         return cute.make_rmem_tensor(thr.partition_shape_C(shape), cutlass.Float32)
@@ -238,7 +268,7 @@ class FlashBackwardSm90(BackwardKernel):
     def gemm_s_dp(self, ops: tuple, stage, probabilities) -> tuple:
         """S^T = K Q^T and dP^T = V dO^T issued together; ``probabilities(S^T)`` once S^T
         has landed, while dP^T is still on the tensor cores."""
-        (mma_s, _, _), (thr_s, _, _), frags, _ = ops
+        (mma_s, _, _), (thr_s, _, _), frags = ops[:3]
         shape = (self.cfg.block_n, self.cfg.block_m)
         acc_S, acc_dP = self._new_acc(thr_s, shape), self._new_acc(thr_s, shape)
         wgmma_gemm(mma_s, acc_S, frags[0], frags[1][None, None, None, stage], zero_init=True,
@@ -254,13 +284,27 @@ class FlashBackwardSm90(BackwardKernel):
                     acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
         """dV += P^T dO issued, dS^T stored while it runs, the barrier, dQ = dS K issued,
         then dK += dS^T Q once dV is done; returns once dQ has landed, dK still running
-        (``block_done`` waits for it)."""
-        (_, mma_dkv, mma_dq), (_, _, thr_dq), frags, _ = ops
+        (``block_done`` waits for it). With ``split_head_dim``: P^T and dS^T stored, the
+        barrier, then dV, dQ and dK from shared memory."""
+        (mma_s, mma_dkv, mma_dq), (_, _, thr_dq), frags, _, shared_a = ops
+        acc_dQ = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
+        if cutlass.const_expr(self.cfg.split_head_dim):
+            sP, tidx, tP, tdS = shared_a
+            store_ds()
+            store_fragment(rP, sP[None, None, ds_stage], mma_s, tidx)
+            self.smem_to_mma()
+            wgmma_gemm(mma_dkv, acc_dV, tP[None, None, None, ds_stage],
+                       frags[4][None, None, None, stage], zero_init=False, wait=False)
+            wgmma_gemm(mma_dq, acc_dQ, frags[6][None, None, None, ds_stage], frags[7],
+                       zero_init=True, wait=False)
+            wgmma_gemm(mma_dkv, acc_dK, tdS[None, None, None, ds_stage],
+                       frags[5][None, None, None, stage], zero_init=False, wait=False)
+            warpgroup.wait_group(1)
+            return acc_dQ
         wgmma_gemm(mma_dkv, acc_dV, acc_as_wgmma_operand_a(rP),
                    frags[4][None, None, None, stage], zero_init=False, wait=False)
         store_ds()
         self.smem_to_mma()
-        acc_dQ = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         wgmma_gemm(mma_dq, acc_dQ, frags[6][None, None, None, ds_stage], frags[7],
                    zero_init=True, wait=False)
         warpgroup.wait_group(1)
@@ -291,7 +335,7 @@ class FlashBackwardSm90(BackwardKernel):
         its box before writing again. Rows past the tensor are clipped by the TMA unit; the
         rows of a packed sequence's tail box that belong to the next sequence get exact
         zeros (their dS columns are masked), so ``rows_left`` needs no check."""
-        (mmas, _, _, (boxes, tile)) = ops
+        mmas, _, _, (boxes, tile), _ = ops
         atom, gdQ = gdQ
         rows, cols = self._dq_box
         lane = cute.arch.lane_idx()
