@@ -41,10 +41,10 @@ def test_problems_a_config_cannot_serve():
     with pytest.raises(ConfigError, match="backward serves head dims"):
         BackwardConfig().check_problem(80)
     for config in (BackwardConfig(), BackwardConfig(wgmma=True)):
-        with pytest.raises(ConfigError, match="only the wgmma kernel with block_n=64"):
+        with pytest.raises(ConfigError, match="the warps must split the head dim"):
             config.check_problem(256, "sm_90a")
-    with pytest.raises(ConfigError, match="above 128 it needs sm_90a"):
-        default_backward(192, "sm_80")
+    with pytest.raises(ConfigError, match="no backward tile at head_dim=256 fits"):
+        default_backward(256, "sm_86")
     with pytest.raises(ConfigError, match="wgmma needs sm_90a"):
         BackwardConfig(wgmma=True).check_problem(128, "sm_80")
     with pytest.raises(ConfigError, match="shared memory"):
@@ -58,8 +58,9 @@ def test_defaults_per_arch():
             assert config.wgmma == (arch == "sm_90a")
             assert config.split_head_dim == (head_dim > 128)
             config.check_problem(head_dim, arch)
-    assert backward_head_dims("sm_80") == (32, 64, 96, 128)
-    assert backward_head_dims("sm_90a") == (32, 64, 96, 128, 192, 256)
+    assert backward_head_dims("sm_80") == backward_head_dims("sm_90a") == (
+        32, 64, 96, 128, 192, 256)
+    assert backward_head_dims("sm_86") == (32, 64, 96, 128, 192)
     # hd256: one ring stage, or dQ's fp32 staging would not fit beside two.
     assert (default_backward(192, "sm_90a").q_stages, default_backward(256, "sm_90a").q_stages
             ) == (2, 1)

@@ -18,8 +18,8 @@ from attnlab.config import MMA_M, SMEM_CAPACITY, ConfigError
 #: Head dims the backward serves.
 BACKWARD_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 #: The largest head dim whose dK and dV a warpgroup (wgmma) or a warp (mma.sync) holds for
-#: its own key rows: D fp32 values per thread each. Above it the wgmma kernel's warpgroups
-#: share the key rows and split the head dim (``split_head_dim``); mma.sync has no such tile.
+#: its own key rows: D fp32 values per thread each. Above it warps share key rows and split
+#: the head dim (``split_head_dim``).
 WHOLE_ROWS_MAX_HEAD_DIM = 128
 
 
@@ -29,7 +29,8 @@ class BackwardConfig:
 
     Attributes:
         block_m: B_r, query rows per step of the walk (a multiple of 16).
-        block_n: B_c, key rows per CTA: ``16 * num_warps`` (each warp owns 16 key rows).
+        block_n: B_c, key rows per CTA: ``16 * num_warps`` (each warp owns 16 key rows), or
+            ``8 * num_warps`` (two warps share 16 key rows: ``split_head_dim``).
         num_warps: 4 or 8.
         q_stages: shared-memory buffers of Q_i and dO_i: 2 loads the next query block while
             this one computes; 1 loads it after (less shared memory, exposed latency).
@@ -66,9 +67,10 @@ class BackwardConfig:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.num_warps not in (4, 8):
             raise ConfigError(f"num_warps must be 4 or 8, got {self.num_warps}")
-        if self.block_n != MMA_M * self.num_warps and not self.wgmma:
+        if self.block_n not in (MMA_M * self.num_warps, 8 * self.num_warps) and not self.wgmma:
             raise ConfigError(f"block_n must be 16 * num_warps = {MMA_M * self.num_warps} (each "
-                              f"warp owns 16 key rows), got {self.block_n}")
+                              f"warp owns 16 key rows) or 8 * num_warps (two warps share them), "
+                              f"got {self.block_n}")
         if self.block_m % MMA_M or not 16 <= self.block_m <= 128:
             raise ConfigError(f"block_m must be a multiple of 16 from 16 to 128, got "
                               f"{self.block_m}")
@@ -98,10 +100,13 @@ class BackwardConfig:
 
     @property
     def split_head_dim(self) -> bool:
-        """wgmma with B_c = 64: both warpgroups work on the same 64 key rows and split the
-        head dim of dK, dV and dQ between them (FA3's tile above hd128), so each holds D / 2
-        columns of dK and dV; P^T then joins dS^T in shared memory, as dV's A operand."""
-        return self.wgmma and self.block_n == 64
+        """Two warpgroups (wgmma, B_c = 64) or two warps (mma.sync, B_c = 8 per warp) work on
+        the same key rows and split the head dim of dK and dV between them (FA3's tile above
+        hd128), so each holds D / 2 columns of dK and dV; P^T then joins dS^T in shared
+        memory, as dV's A operand."""
+        if self.wgmma:
+            return self.block_n == 64
+        return self.block_n == 8 * self.num_warps
 
     @property
     def num_threads(self) -> int:
@@ -137,6 +142,8 @@ class BackwardConfig:
             flags.append("producer_warp")
         if self.lpt:
             flags.append("lpt")
+        if self.split_head_dim:
+            flags.append("split_d")
         flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
@@ -165,8 +172,8 @@ class BackwardConfig:
         if head_dim > WHOLE_ROWS_MAX_HEAD_DIM and not self.split_head_dim:
             raise ConfigError(f"{self.short_name()} keeps D fp32 values of dK and dV per "
                               f"thread, too many at head_dim={head_dim}: above "
-                              f"{WHOLE_ROWS_MAX_HEAD_DIM} only the wgmma kernel with "
-                              "block_n=64, block_m=64 serves (sm_90a)")
+                              f"{WHOLE_ROWS_MAX_HEAD_DIM} the warps must split the head dim "
+                              "(block_n=64 with wgmma, 8 * num_warps with mma.sync)")
         if head_dim % (16 * self.dq_warps[1]):
             raise ConfigError(f"head_dim={head_dim} must split into {self.dq_warps[1]} "
                               "16-column slices for dQ")
@@ -184,11 +191,9 @@ class BackwardConfig:
 
 
 def backward_head_dims(arch: str) -> tuple[int, ...]:
-    """The head dims whose backward ``arch`` runs: all on sm_90a, up to
-    ``WHOLE_ROWS_MAX_HEAD_DIM`` on the mma.sync path."""
-    if arch == "sm_90a":
-        return BACKWARD_HEAD_DIMS
-    return tuple(d for d in BACKWARD_HEAD_DIMS if d <= WHOLE_ROWS_MAX_HEAD_DIM)
+    """The head dims whose backward ``arch`` runs: those whose default tile fits its shared
+    memory (all but hd256 on sm_86/89)."""
+    return tuple(d for d in BACKWARD_HEAD_DIMS if _default_or_none(d, arch, False) is not None)
 
 
 def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
@@ -199,24 +204,36 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
     stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
     128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
     offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one Q/dO
-    stage, then B_c = 64)."""
-    if head_dim not in backward_head_dims(arch):
-        raise ConfigError(f"the backward serves head dims {backward_head_dims(arch)} on "
-                          f"{arch}, not {head_dim}" + (
-                              " (above 128 it needs sm_90a's wgmma kernel)"
-                              if head_dim in BACKWARD_HEAD_DIMS else ""))
+    stage, then B_c = 64); above hd128 its warps split the head dim in pairs (B_c = 64, B_r
+    = 32: dQ's and the fragments' registers beside dK's and dV's 128)."""
+    if head_dim not in BACKWARD_HEAD_DIMS:
+        raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
+                          f"{head_dim}")
+    config = _default_or_none(head_dim, arch, varlen)
+    if config is None:
+        raise ConfigError(f"no backward tile at head_dim={head_dim} fits the shared memory "
+                          f"of {arch} ({SMEM_CAPACITY.get(arch)} bytes); it serves "
+                          f"{backward_head_dims(arch)} there")
+    return config
+
+
+def _default_or_none(head_dim: int, arch: str, varlen: bool) -> BackwardConfig | None:
+    """``default_backward``'s choice, or None when no candidate fits ``arch``."""
+    capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
     if arch == "sm_90a":
         if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
             split = BackwardConfig(wgmma=True, block_n=64, block_m=64, producer_warp=True,
                                    lpt=True)
-            if split.smem_bytes(head_dim) > SMEM_CAPACITY[arch]:
-                split = split.replace(q_stages=1)
-            return split
+            return split if split.smem_bytes(head_dim) <= capacity else split.replace(
+                q_stages=1)
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
                               producer_warp=True, lpt=True)
-    block_m = 32 if varlen and head_dim == 128 else 64
-    candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
-        {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
-        {"num_warps": 4, "block_n": 64, "q_stages": 1}))
-    capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
-    return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), candidates[-1])
+    if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
+        candidates = tuple(BackwardConfig(block_n=64, block_m=32, q_stages=stages)
+                           for stages in (2, 1))
+    else:
+        block_m = 32 if varlen and head_dim == 128 else 64
+        candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
+            {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
+            {"num_warps": 4, "block_n": 64, "q_stages": 1}))
+    return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)

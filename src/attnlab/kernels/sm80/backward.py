@@ -6,7 +6,10 @@ supplies the ``mma.sync`` GEMMs. Four of the five are the forward's two shapes
 operands K-major (``ldmatrix``); dV += P^T dO and dK += dS^T Q are O += P V with A from the
 accumulator registers and B read by ``ldmatrix.trans``; dQ += dS K reads dS^T by
 ``ldmatrix.trans`` as its A operand. The warps split B_c for the first four (16 key rows
-each) and (B_r, D) for dQ (``BackwardConfig.dq_warps``). Every GEMM loads its shared
+each) and (B_r, D) for dQ (``BackwardConfig.dq_warps``). Above hd128 (``split_head_dim``)
+two warps share 16 key rows and split B_r (S^T, dP^T) and D (dV, dK) between them: dK and
+dV take D fp32 values per thread instead of 2 D, and P^T and dS^T, another warp's registers
+now, reach dV and dK through shared memory by ``ldmatrix``. Every GEMM loads its shared
 operands one MMA_K step at a time, the next step's ``ldmatrix`` before this step's MMAs (the
 forward's measured schedule, kernels 4-5).
 """
@@ -16,6 +19,8 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
 from attnlab.kernels.common.backward_walk import BackwardKernel
+from attnlab.kernels.common.base import shared_tile
+from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_as_operand_a, smem_tile_layout
 from attnlab.kernels.sm80.ldmatrix_gemm import gemm
 
@@ -36,13 +41,16 @@ class FlashBackwardSm80(BackwardKernel):
         return buffer.get_tensor(layout)
 
     def tiled_mmas(self) -> tuple:
-        """S^T, dP^T, dV and dK (warps along B_c), and dQ (``dq_warps``)."""
+        """S^T, dP^T, dV and dK (warps along B_c; with ``split_head_dim`` pairs of warps
+        along N), and dQ (``dq_warps``)."""
         cfg = self.cfg
         op = warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16))
         wm, wn = cfg.dq_warps
-        # N = 16 lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
-        return (cute.make_tiled_mma(op, (cfg.num_warps, 1, 1),
-                                    permutation_mnk=(cfg.num_warps * 16, 16, 16)),
+        along_c = cfg.block_n // 16
+        along_n = cfg.num_warps // along_c
+        # N = 16 per warp lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
+        return (cute.make_tiled_mma(op, (along_c, along_n, 1),
+                                    permutation_mnk=(cfg.block_n, along_n * 16, 16)),
                 cute.make_tiled_mma(op, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16)))
 
     def operands(self, tidx, mmas: tuple, tiles: tuple, storage) -> tuple:
@@ -72,11 +80,22 @@ class FlashBackwardSm80(BackwardKernel):
                  cute.make_tiled_copy_A(ldsm_t, mma_dq), sdSt[None, None, 0]),
                 (thr_dq.make_fragment_B(thr_dq.partition_B(sKt)),
                  cute.make_tiled_copy_B(ldsm_t, mma_dq), sKt))
+        if cutlass.const_expr(self.cfg.split_head_dim):
+            # P^T and dS^T (dV's and dK's A) from shared memory.
+            sP = storage.sP.get_tensor(self.smem_layouts()[2])
+            plan += tuple((thr_kv.make_fragment_A(thr_kv.partition_A(s[None, None, 0])),
+                           cute.make_tiled_copy_A(ldsm, mma_kv), s[None, None, 0])
+                          for s in (sP, sdS))
         result = []
         for frag, copy, src in plan:
             thr = copy.get_slice(tidx)
             result.append((frag, (copy, thr.partition_S(src), thr.retile(frag))))
-        return (mmas, thr_kv, thr_dq, tuple(result))
+        return (mmas, thr_kv, thr_dq, tuple(result), (storage, tidx))
+
+    def extra_smem(self) -> dict:
+        if self.cfg.split_head_dim:
+            return {"sP": shared_tile(self.dtype, self.smem_layouts()[2])}
+        return {}
 
     @staticmethod
     def _staged(load, stage):
@@ -89,7 +108,7 @@ class FlashBackwardSm80(BackwardKernel):
 
     def gemm_s_dp(self, ops: tuple, stage, probabilities) -> tuple:
         """S^T = K Q^T, ``probabilities(S^T)``, then dP^T = V dO^T."""
-        (mma_kv, _), thr_kv, _, parts = ops
+        (mma_kv, _), thr_kv, _, parts, _ = ops
         (tK, lK), (tQ, lQ), (tV, lV), (tdO, ldO) = parts[:4]
         shape = (self.cfg.block_n, self.cfg.block_m)
         acc_S, acc_dP = self._new_acc(thr_kv, shape), self._new_acc(thr_kv, shape)
@@ -101,15 +120,27 @@ class FlashBackwardSm80(BackwardKernel):
     def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
                     acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
         """dV += P^T dO, dS^T to shared memory (``store_ds``; one tile, ``ds_stage`` 0),
-        dK += dS^T Q, then dQ = dS K once every warp's dS^T has landed."""
-        (mma_kv, mma_dq), _, thr_dq, parts = ops
+        dK += dS^T Q, then dQ = dS K once every warp's dS^T has landed. With
+        ``split_head_dim``: P^T and dS^T stored, the barrier, then dV and dK with A read
+        back by ``ldmatrix``, then dQ."""
+        (mma_kv, mma_dq), _, thr_dq, parts, (storage, tidx) = ops
         (tdOt, ldOt), (tQt, lQt) = parts[4], parts[5]
-        gemm(mma_kv, acc_dV, acc_as_operand_a(rP), tdOt, None, self._staged(ldOt, stage), 0,
-             FRAGS, True)
-        store_ds()
-        gemm(mma_kv, acc_dK, acc_as_operand_a(rdS), tQt, None, self._staged(lQt, stage), 0,
-             FRAGS, True)
-        self.smem_to_mma()
+        if cutlass.const_expr(self.cfg.split_head_dim):
+            (tP, lP), (tdS_a, ldS_a) = parts[8], parts[9]
+            store_ds()
+            store_fragment(rP, storage.sP.get_tensor(self.smem_layouts()[2])[None, None, 0],
+                           mma_kv, tidx)
+            self.smem_to_mma()
+            gemm(mma_kv, acc_dV, tP, tdOt, lP, self._staged(ldOt, stage), FRAGS, FRAGS, True)
+            gemm(mma_kv, acc_dK, tdS_a, tQt, ldS_a, self._staged(lQt, stage), FRAGS, FRAGS,
+                 True)
+        else:
+            gemm(mma_kv, acc_dV, acc_as_operand_a(rP), tdOt, None, self._staged(ldOt, stage),
+                 0, FRAGS, True)
+            store_ds()
+            gemm(mma_kv, acc_dK, acc_as_operand_a(rdS), tQt, None, self._staged(lQt, stage),
+                 0, FRAGS, True)
+            self.smem_to_mma()
         (tdS, ldS), (tKt, lKt) = parts[6], parts[7]
         acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         gemm(mma_dq, acc, tdS, tKt, ldS, lKt, FRAGS, FRAGS, True)
