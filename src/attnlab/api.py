@@ -73,9 +73,9 @@ def attention(
             parts in a fixed order instead of as they finish; slower).
 
     Differentiable (eager and under torch.compile) with respect to q, k and v, through
-    ``out`` and ``lse``, at every head dim on sm_90a and up to 128 on other GPUs
-    (``attnlab.backward_config.backward_head_dims``; a backward beyond them raises
-    attnlab.ConfigError). A call with ``out=`` is not differentiable.
+    ``out`` and ``lse``, at every head dim (but 256 on sm_86/89, whose shared memory holds
+    no such tile: ``attnlab.backward_config.backward_head_dims``; a backward beyond them
+    raises attnlab.ConfigError). A call with ``out=`` is not differentiable.
 
     Returns:
         ``out`` (a new contiguous ``[B, Sq, Hq, D]`` tensor in q's dtype unless one was given),
