@@ -11,6 +11,7 @@ import importlib
 from attnlab import reference
 from attnlab.api import attention, attention_varlen
 from attnlab.config import ConfigError, FlashConfig
+from attnlab.decode import attention_with_kvcache
 from attnlab.sdpa import sdpa
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ __all__ = [
     "__version__",
     "attention",
     "attention_varlen",
+    "attention_with_kvcache",
     "reference",
     "sdpa",
 ]

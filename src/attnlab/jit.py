@@ -19,9 +19,13 @@ from typing import Any
 from attnlab.config import FlashConfig
 from attnlab.kernels.abi import (
     BackwardSpec,
+    CombineSpec,
+    DecodeSpec,
     ForwardSpec,
     PreprocessSpec,
     fake_backward_args,
+    fake_combine_args,
+    fake_decode_args,
     fake_forward_args,
     fake_preprocess_args,
 )
@@ -77,11 +81,21 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
                           dump_dir=dump_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec,
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec,
                  dump_dir: str | Path | None = None) -> Any:
-    """The kernel of a forward, backward or preprocess spec, compiled."""
+    """The kernel of a forward, backward, preprocess or decoding spec, compiled."""
     if isinstance(spec, BackwardSpec):
         return compile_backward(spec, dump_dir)
+    if isinstance(spec, DecodeSpec):
+        from attnlab.kernels.common.decode import FlashDecode
+
+        return compile_kernel(FlashDecode(spec), tuple(fake_decode_args(spec)), arch=spec.arch,
+                              dump_dir=dump_dir)
+    if isinstance(spec, CombineSpec):
+        from attnlab.kernels.common.decode_combine import DecodeCombine
+
+        return compile_kernel(DecodeCombine(spec), tuple(fake_combine_args(spec)),
+                              arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, PreprocessSpec):
         from attnlab.kernels.common.bwd_preprocess import BackwardPreprocess
 

@@ -39,10 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec, spec_from_dict
+from attnlab.kernels.abi import (
+    BackwardSpec,
+    CombineSpec,
+    DecodeSpec,
+    ForwardSpec,
+    PreprocessSpec,
+    spec_from_dict,
+)
 
 #: Any kind of kernel spec.
-Spec = ForwardSpec | BackwardSpec | PreprocessSpec
+Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
 
 logger = logging.getLogger("attnlab")
 

@@ -544,3 +544,133 @@ def _check_devices(tensors: dict[str, torch.Tensor], require_cuda: bool) -> None
         together = f"{', '.join(names[:-1])} and {names[-1]}"
         listed = ", ".join(f"{name} on {device}" for name, device in devices.items())
         raise ValueError(f"{together} must be on one device, got {listed}")
+
+
+# --------------------------------------------------------------------------------------------
+#: Smallest page of a paged KV cache (one 16-row K/V slice of a decoding warp).
+MIN_PAGE_SIZE = 16
+
+
+def check_kvcache_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    *,
+    cache_seqlens: object,
+    cache_batch_idx: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    softmax_scale: object,
+    causal: object,
+    window_size: object,
+    num_splits: object,
+    out: torch.Tensor | None,
+) -> tuple[float, tuple[int, int]]:
+    """Check ``attention_with_kvcache``'s arguments (no device memory is read); returns the
+    softmax scale and the window as the kernel takes it (``encode_window``).
+
+    Raises:
+        TypeError, ValueError: what is malformed and what was expected.
+    """
+    from attnlab.kernels.abi import encode_window
+
+    _check_qkv(q, k_cache, v_cache, rank=4, layout="[B, S, H, D] (the cache: [B_cache, "
+               "S_cache, Hkv, D], or [num_pages, page_size, Hkv, D] with block_table)",
+               allowed_dtypes=(torch.float16, torch.bfloat16))
+    _check_heads(q, k_cache, v_cache)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    batch = q.shape[0]
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v (the new tokens) or neither")
+    if k is not None:
+        _check_qkv(q, k, v, rank=4, layout="[B, S_new, Hkv, D]",
+                   allowed_dtypes=(q.dtype,))
+        for name, t in (("k", k), ("v", v)):
+            expected = (batch, k.shape[1], *k_cache.shape[2:])
+            if tuple(t.shape) != expected:
+                raise ValueError(f"{name} must be [B, S_new, Hkv, D] = {expected} (q's batch, "
+                                 f"the cache's heads and head_dim), got {tuple(t.shape)}")
+        tensors.update(k=k, v=v)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("block_table", block_table)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim; call "
+                             f"{name}.contiguous()")
+        tensors[name] = t
+    if block_table is not None:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx selects rows of a contiguous cache; a paged cache "
+                             "(block_table) names its pages instead: pass one of them")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must be [B, max_pages] with B = {batch}, got "
+                             f"{tuple(block_table.shape)}")
+        if k_cache.shape[1] < MIN_PAGE_SIZE:
+            raise ValueError(f"a paged cache's page_size (dim 1 of k_cache) must be at least "
+                             f"{MIN_PAGE_SIZE}, got {k_cache.shape[1]}")
+    elif cache_batch_idx is not None:
+        if tuple(cache_batch_idx.shape) != (batch,):
+            raise ValueError(f"cache_batch_idx must be [B] = ({batch},), got "
+                             f"{tuple(cache_batch_idx.shape)}")
+    elif k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}; pass "
+                         "cache_batch_idx to choose them")
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
+            raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch},), got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        if cache_seqlens.stride(0) != 1:
+            raise ValueError("cache_seqlens must be contiguous")
+        tensors["cache_seqlens"] = cache_seqlens
+    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool) or not isinstance(
+            cache_seqlens, _INT_TYPES) or cache_seqlens < 0):
+        raise TypeError(f"cache_seqlens must be an int32 tensor, an int >= 0 or None, got "
+                        f"{cache_seqlens!r}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, _INT_TYPES) or not (
+            0 <= num_splits <= 64):
+        raise ValueError(f"num_splits must be an int from 0 (automatic) to 64, got "
+                         f"{num_splits!r}")
+    for name in ("q", "k_cache", "v_cache", "k", "v"):
+        if name in tensors:
+            _check_strides(name, tensors[name])
+    scale = _resolve_scale(softmax_scale, q.shape[-1])
+    window = _resolve_window(window_size, causal)
+    if out is not None:
+        _check_out(out, q, None)
+        tensors["out"] = out
+    _check_devices(tensors, require_cuda=True)
+    for name, t in tensors.items():
+        if t.dtype in (torch.float16, torch.bfloat16) and t.data_ptr() % COPY_ALIGN_BYTES:
+            raise ValueError(f"{name} must start on a {COPY_ALIGN_BYTES}-byte boundary for "
+                             f"128-bit copies; call {name}.contiguous()")
+    return scale, encode_window(window)
+
+
+def check_kvcache_values(cache_seqlens: torch.Tensor, k_cache: torch.Tensor,
+                         block_table: torch.Tensor | None, new_tokens: int,
+                         capacity: int) -> None:
+    """The opt-in check of ``attention_with_kvcache(check_cache=True)``: every sequence's
+    keys (with the new ones) fit its cache, and every page it reads exists (one host sync).
+
+    Raises:
+        ValueError: a length past the cache or a page index out of range, naming it.
+    """
+    lengths = cache_seqlens.tolist()
+    for b, length in enumerate(lengths):
+        if length < 0 or length + new_tokens > capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {length} with {new_tokens} new tokens does "
+                             f"not fit the cache's {capacity} rows")
+    if block_table is not None:
+        page_size, pages = k_cache.shape[1], k_cache.shape[0]
+        for b, length in enumerate(lengths):
+            used = block_table[b, : -(-(length + new_tokens) // page_size)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= pages):
+                raise ValueError(f"block_table[{b}] names pages outside [0, {pages}) among the "
+                                 f"{used.numel()} its {length + new_tokens} keys use")

@@ -33,6 +33,15 @@ def _copy_rate(nbytes: int, runs: int) -> float:
     return 2 * nbytes / (timing.median_ms * 1e-3)
 
 
+def dram_read_rate(nbytes: int = 2 << 30, runs: int = 10) -> float:
+    """Bytes/s read from DRAM: one reduction over a buffer far larger than L2 (the roof of
+    a kernel that only reads, as decoding does)."""
+    buffer = torch.randn(nbytes // 4, device="cuda", dtype=torch.float32)
+    total = torch.empty((), device="cuda", dtype=torch.float32)
+    timing = time_calls(lambda i: torch.sum(buffer, dim=0, out=total), warmup=3, runs=runs)
+    return nbytes / (timing.median_ms * 1e-3)
+
+
 def _l2_read_rate(nbytes: int, runs: int, passes: int = 64) -> float:
     """Bytes/s read from an L2-resident buffer: one reduction kernel sums ``passes`` rows that
     are all the same buffer (a stride-0 view), so each launch reads ``passes x nbytes`` from

@@ -100,6 +100,12 @@ def bench(
                               "on small problems, and a fresh process's first call."),
     backward: bool = typer.Option(False, help="Time training instead: forward + backward, and "
                                   "the backward alone (3.5x and 2.5x the forward's FLOPs)."),
+    decode: bool = typer.Option(False, help="Time decoding steps against a KV cache instead: "
+                                "--batches x --cache-lens x GQA 32/8 and 8/1, hd128, in GB/s "
+                                "of K/V read and % of the DRAM read rate."),
+    batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
+    cache_lens: str = typer.Option("4096,32768", "--cache-lens",
+                                   help="With --decode: comma-separated cache lengths."),
     out: Path = OUT_OPTION,
 ) -> None:
     """attnlab against torch SDPA (flash, cudnn, efficient), FA4 and other installed peers.
@@ -111,6 +117,10 @@ def bench(
     from attnlab.bench.report import bench_table, plot_bench, write_json
     from attnlab.bench.runner import measure_grid, tokens_grid, training_impl
 
+    if decode:
+        _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),
+                      impls, runs, out)
+        return
     if host:
         if backward:
             raise typer.BadParameter("--host times forward calls; drop --backward",
@@ -140,6 +150,62 @@ def bench(
     json_path = write_json(out / "bench.json", "bench", results)
     png_path = plot_bench(results, out / "bench.png")
     console.print(f"wrote {json_path} and {png_path}")
+
+
+def _bench_decode(batches: list[int], cache_lens: list[int], impls: str | None, runs: int,
+                  out: Path) -> None:
+    import json
+
+    import torch
+    from rich.table import Table
+
+    from attnlab import device
+    from attnlab.bench.baselines import available_peers
+    from attnlab.bench.ceilings import dram_read_rate
+    from attnlab.bench.decode import bandwidth_gbs, decode_points, measure_decode
+
+    require_gpu()
+    points = decode_points(batches, cache_lens, [(32, 8), (8, 1)])
+    peers = {name: fn for name, fn in available_peers().items()
+             if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
+    if impls:
+        wanted = impls.split(",")
+        peers = {name: fn for name, fn in peers.items() if name in wanted}
+    out.mkdir(parents=True, exist_ok=True)
+    roof = dram_read_rate() / 1e9
+    with progress_bar() as progress:
+        task = progress.add_task("decode", total=len(points))
+        results = measure_decode(points, peers, device.info(torch.device("cuda")).l2_bytes,
+                                 runs=runs, on_point=lambda p: progress.advance(task))
+    names = list(dict.fromkeys(r.impl for r in results))
+    table = Table(title=_device_title(f"attnlab bench --decode: GB/s of K/V read end to end "
+                                      f"(device only), % of the {roof:.0f} GB/s DRAM read "
+                                      "rate; ratio to sdpa_flash"), title_justify="left")
+    table.add_column("point")
+    for name in names:
+        table.add_column(name, justify="right")
+    rows = []
+    for point in dict.fromkeys(r.point for r in results):
+        mine = {r.impl: r for r in results if r.point == point}
+        base = bandwidth_gbs(mine["sdpa_flash"]) if "sdpa_flash" in mine else None
+        cells = []
+        for name in names:
+            r = mine.get(name)
+            gbs = bandwidth_gbs(r) if r is not None else None
+            if gbs is None:
+                cells.append("-")
+                continue
+            ratio = f" {gbs / base:.2f}x" if base else ""
+            cells.append(f"{gbs:.0f} ({bandwidth_gbs(r, device=True):.0f}) "
+                         f"{100 * gbs / roof:.0f}%{ratio}")
+        table.add_row(f"B={point.batch} L={point.seqlen_k} {point.heads}/{point.kv_heads}",
+                      *cells)
+        rows += [{**r.to_dict(), "gbs": bandwidth_gbs(r),
+                  "device_gbs": bandwidth_gbs(r, device=True)} for r in mine.values()]
+    console.print(table)
+    path = out / "decode.json"
+    path.write_text(json.dumps({"dram_read_gbs": roof, "results": rows}, indent=1))
+    console.print(f"wrote {path}")
 
 
 def _bench_host(implementations: dict, out: Path) -> None:

@@ -266,9 +266,150 @@ def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
         _fake_rows_tensor(cutlass.Float32, spec.head_dim, spec.varlen))
 
 
-def spec_from_dict(data: dict[str, Any]) -> ForwardSpec | BackwardSpec | PreprocessSpec:
-    """The spec a ``to_dict`` wrote: forward, backward or the backward's preprocess."""
-    kinds = {"backward": BackwardSpec, "preprocess": PreprocessSpec}
+@dataclass(frozen=True)
+class DecodeSpec:
+    """The split-KV decoding kernel (``kernels/common/decode.py``): what it is specialised
+    on. ``paged``: the cache is ``[pages, page_size, Hkv, D]`` read through a block table
+    (else ``[B_cache, S_cache, Hkv, D]``, optionally through ``cache_batch_idx``);
+    ``batch_idx``: a contiguous cache's rows are chosen by ``cache_batch_idx``;
+    ``windowed``: a causal or sliding-window band; ``split``: it writes fp32 partial outputs
+    and LSEs for the combine kernel instead of the output; ``keys_per_warp``: each warp's
+    slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
+    the blocks in flight."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+    paged: bool = False
+    batch_idx: bool = False
+    windowed: bool = False
+    split: bool = False
+    keys_per_warp: int = 32
+    kv_stages: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"decode({self.keys_per_warp * DECODE_WARPS}, {self.kv_stages})"
+
+    def variant(self) -> str:
+        return "".join(name for name, on in (("_paged", self.paged),
+                                             ("_batch_idx", self.batch_idx),
+                                             ("_win", self.windowed),
+                                             ("_split", self.split)) if on)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": "decode", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DecodeSpec:
+        return cls(**{k: v for k, v in data.items() if k != "kind"})
+
+
+#: Warps of a decoding CTA: each takes its own slice of every K/V block.
+DECODE_WARPS = 4
+
+
+class DecodeArgs(NamedTuple):
+    """The decoding launch's arguments, in order.
+
+    Attributes:
+        q: ``[B, Sq, Hq, D]``.
+        k_cache, v_cache: ``[B_cache, S_cache, Hkv, D]``, or ``[pages, page_size, Hkv, D]``
+            with ``block_table``.
+        cache_seqlens: int32 ``[B]``, the keys each sequence attends to (new ones appended).
+        cache_batch_idx: int32 ``[B]``, the cache row of each sequence; None: the identity.
+        block_table: int32 ``[B, max_pages]`` (paged), else None.
+        out: ``[B, Sq, Hq, D]`` in q's dtype, or fp32 ``[splits * B, Sq, Hq, D]`` partials.
+        lse: fp32 ``[B, Hq, Sq]``, or ``[splits * B, Hq, Sq]`` partials.
+        softmax_scale, window_left, window_right: as ``ForwardArgs``.
+        num_splits: K/V ranges per (query block, sequence, K/V head).
+    """
+
+    q: Any
+    k_cache: Any
+    v_cache: Any
+    cache_seqlens: Any
+    cache_batch_idx: Any
+    block_table: Any
+    out: Any
+    lse: Any
+    softmax_scale: Any
+    window_left: Any
+    window_right: Any
+    num_splits: Any
+
+
+def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
+    """Compile-time stand-ins for a decoding launch's arguments under ``spec``."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    vector = _fake_cu_seqlens
+    table = None
+    if spec.paged:
+        table = make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()),
+                                 stride=(cute.sym_int32(), 1), assumed_align=4)
+    out_elem = cutlass.Float32 if spec.split else elem
+    return DecodeArgs(
+        *(_fake_rows_tensor(elem, spec.head_dim, False) for _ in range(3)), vector(),
+        vector() if spec.batch_idx else None, table,
+        _fake_rows_tensor(out_elem, spec.head_dim, False), _fake_row_stats(False),
+        cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1))
+
+
+@dataclass(frozen=True)
+class CombineSpec:
+    """The kernel that merges a split decoding's partial outputs by their LSEs
+    (``kernels/common/decode_combine.py``)."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+
+    @property
+    def label(self) -> str:
+        return "decode_combine"
+
+    def variant(self) -> str:
+        return ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": "decode_combine", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CombineSpec:
+        return cls(data["arch"], data["dtype"], data["head_dim"])
+
+
+class CombineArgs(NamedTuple):
+    """The combine launch's arguments: the partials as ``DecodeArgs``' split ``out`` and
+    ``lse``, the output and its LSE as the unsplit ones, and the split count."""
+
+    partial_out: Any
+    partial_lse: Any
+    out: Any
+    lse: Any
+    num_splits: Any
+
+
+def fake_combine_args(spec: CombineSpec) -> CombineArgs:
+    """Compile-time stand-ins for a combine launch's arguments under ``spec``."""
+    import cutlass
+
+    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    return CombineArgs(_fake_rows_tensor(cutlass.Float32, spec.head_dim, False),
+                       _fake_row_stats(False), _fake_rows_tensor(elem, spec.head_dim, False),
+                       _fake_row_stats(False), cutlass.Int32(1))
+
+
+def spec_from_dict(data: dict[str, Any]
+                   ) -> ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec:
+    """The spec a ``to_dict`` wrote: forward, backward, the backward's preprocess, decoding or
+    its combine."""
+    kinds = {"backward": BackwardSpec, "preprocess": PreprocessSpec, "decode": DecodeSpec,
+             "decode_combine": CombineSpec}
     return kinds.get(data.get("kind"), ForwardSpec).from_dict(data)
 
 

@@ -45,7 +45,7 @@ from attnlab.config import L2_SECTION_MB
 from attnlab.kernels.abi import STATS_ROW_MULTIPLE, BackwardArgs, BackwardSpec
 from attnlab.kernels.common.base import AttentionKernel, shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import stage_o, store_fragment, store_rows
-from attnlab.kernels.common.layouts import COPY_BITS, acc_mn_view, row_copy
+from attnlab.kernels.common.layouts import COPY_BITS, acc_mn_view, row_copy, transposed
 from attnlab.kernels.common.mask import (
     apply_mask_transposed,
     kv_block_range,
@@ -67,15 +67,6 @@ LOG2_E = math.log2(math.e)
 #: gives its registers to the two MMA warpgroups (3 x 128 threads share the SM's 64K).
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
-
-
-def transposed(tile: cute.Tensor, rows: int, cols: int, stages: int | None = None
-               ) -> cute.Tensor:
-    """The (cols, rows[, stages]) view of a (rows, cols[, stages]) shared-memory tile."""
-    if stages is None:
-        return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
-    return cute.composition(tile, cute.make_layout((cols, rows, stages),
-                                                   stride=(rows, 1, rows * cols)))
 
 
 class BackwardKernel(AttentionKernel):

@@ -44,6 +44,15 @@ def smem_tile_layout(swizzle: str, rows: int, head_dim: int, stages: int = 1):
                             stride=(row_elems, 1, rows * row_elems))
 
 
+def transposed(tile: cute.Tensor, rows: int, cols: int, stages: int | None = None
+               ) -> cute.Tensor:
+    """The (cols, rows[, stages]) view of a (rows, cols[, stages]) shared-memory tile."""
+    if stages is None:
+        return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+    return cute.composition(tile, cute.make_layout((cols, rows, stages),
+                                                   stride=(rows, 1, rows * cols)))
+
+
 def tma_swizzle(head_dim: int):
     """The ``xor`` layout's swizzle on byte addresses, the form the TMA unit (``SWIZZLE_128B``
     or ``_64B``) and a swizzled shared-memory pointer take.

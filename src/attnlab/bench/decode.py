@@ -1,0 +1,108 @@
+"""``attnlab bench --decode``: decoding steps against a KV cache, in GB/s of K/V read.
+
+A point is (batch, cache length, query/K-V heads, query rows). Every implementation reads the
+same keys: the peers (SDPA flash and cuDNN, FA4) take the cache as contiguous ``[B, L, Hkv,
+D]`` tensors of exactly ``L`` keys, attnlab the same tensors (``attention_with_kvcache`` with
+``cache_seqlens = L``) and, as ``attnlab_paged``, a paged copy of them (pages in shuffled
+order, ``PAGE_SIZE`` keys each). Decoding is bound by reading K and V once, so beside time
+and TFLOP/s the report gives the bandwidth ``2 B L Hkv D`` bytes / time and its share of the
+measured DRAM read rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from attnlab.bench.runner import Point, Result, measure_point
+
+PAGE_SIZE = 64
+#: Input sets per point: enough copies that the sets together overflow L2.
+MAX_SETS = 6
+
+
+def decode_points(batches: list[int], cache_lens: list[int], groups: list[tuple[int, int]],
+                  head_dim: int = 128, seqlen_q: int = 1, dtype: str = "bfloat16"
+                  ) -> list[Point]:
+    """The grid: every batch x cache length x (query heads, K/V heads)."""
+    return [Point(b, seqlen_q, n, hq, head_dim, dtype, False, hkv)
+            for hq, hkv in groups for n in cache_lens for b in batches]
+
+
+def kv_bytes(point: Point) -> int:
+    """Bytes of K and V one step reads."""
+    return 2 * point.batch * point.seqlen_k * point.kv_heads * point.head_dim * 2
+
+
+def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0) -> list[tuple]:
+    """Input sets ``(q, k, v, k_pages, v_pages, block_table, seqlens)``, as many as overflow
+    L2 together (at least one)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = point.torch_dtype
+    count = max(1, min(MAX_SETS, math.ceil(3 * l2_bytes / max(kv_bytes(point), 1))))
+    sets = []
+    for _ in range(count):
+        q = torch.randn(point.batch, point.seqlen_q, point.heads, point.head_dim,
+                        device="cuda", dtype=dt, generator=gen)
+        k, v = (torch.randn(point.batch, point.seqlen_k, point.kv_heads, point.head_dim,
+                            device="cuda", dtype=dt, generator=gen) for _ in range(2))
+        seqlens = torch.full((point.batch,), point.seqlen_k, dtype=torch.int32, device="cuda")
+        pages = table = None
+        if paged:
+            per_seq = -(-point.seqlen_k // PAGE_SIZE)
+            order = torch.randperm(point.batch * per_seq, device="cuda", generator=gen)
+            table = order.view(point.batch, per_seq).to(torch.int32)
+            pages = []
+            for x in (k, v):
+                pad = per_seq * PAGE_SIZE - point.seqlen_k
+                flat = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).view(
+                    point.batch * per_seq, PAGE_SIZE, point.kv_heads, point.head_dim)
+                pool = torch.empty_like(flat)
+                pool[order] = flat
+                pages.append(pool)
+        sets.append((q, k, v, *(pages or (None, None)), table, seqlens))
+    return sets
+
+
+def decode_impls(peers: dict[str, Callable]) -> dict[str, Callable]:
+    """attnlab (contiguous and paged) and the peers, each taking a ``decode_sets`` set."""
+    import attnlab
+
+    def ours(q, k, v, k_pages, v_pages, table, seqlens, scale, causal):
+        return attnlab.attention_with_kvcache(q, k, v, cache_seqlens=seqlens,
+                                              softmax_scale=scale)
+
+    def ours_paged(q, k, v, k_pages, v_pages, table, seqlens, scale, causal):
+        return attnlab.attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens,
+                                              block_table=table, softmax_scale=scale)
+
+    impls = {"attnlab": ours, "attnlab_paged": ours_paged}
+    for name, fn in peers.items():
+        impls[name] = (lambda q, k, v, *_, fn=fn: fn(q, k, v, _[-2], _[-1]))
+    return impls
+
+
+def measure_decode(points: list[Point], peers: dict[str, Callable], l2_bytes: int, *,
+                   runs: int = 30, on_point: Callable[[Point], None] | None = None
+                   ) -> list[Result]:
+    """Every implementation at every point (one point's inputs alive at a time)."""
+    results: list[Result] = []
+    impls = decode_impls(peers)
+    for point in points:
+        sets = decode_sets(point, l2_bytes, paged=True)
+        results += measure_point(point, impls, runs=runs, sets=sets)
+        del sets
+        torch.cuda.empty_cache()
+        if on_point is not None:
+            on_point(point)
+    return results
+
+
+def bandwidth_gbs(result: Result, device: bool = False) -> float | None:
+    """GB/s of K/V read (end to end, or device only)."""
+    timing = result.device_timing if device else result.timing
+    if timing is None:
+        return None
+    return kv_bytes(result.point) / (timing.median_ms * 1e-3) / 1e9

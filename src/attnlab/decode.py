@@ -1,0 +1,208 @@
+"""Decoding against a KV cache: ``attention_with_kvcache`` (flash_attn's
+``flash_attn_with_kvcache``), split-KV over contiguous or paged caches.
+
+A call appends the new keys and values (``k``, ``v``) to the cache at ``cache_seqlens`` in
+place, then attends ``q`` to each sequence's cache. The kernel (``kernels/common/decode.py``)
+packs the query heads of a K/V head into the rows of one tile (pack-GQA) and, when the grid of
+(query tile, sequence, K/V head) would leave SMs idle, splits every sequence's K/V range over
+``num_splits`` CTAs whose partial outputs a second kernel merges by their LSEs
+(``kernels/common/decode_combine.py``). Both are built once per call signature; a call then
+allocates its outputs and launches, nothing that reads device memory from the host, so a
+decoding step with fixed shapes can be captured in a CUDA graph.
+
+Trusted inputs: ``cache_seqlens`` must not run past the cache (or, paged, past the pages of
+``block_table``), and ``block_table`` must name existing pages. Reading them would cost a
+device-to-host copy per call; ``check_cache=True`` does it and refuses what is out of range.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnlab import device, kernel_cache
+from attnlab.config import SMEM_CAPACITY, ConfigError
+from attnlab.kernels.abi import (
+    DECODE_WARPS,
+    CombineSpec,
+    DecodeSpec,
+    encode_window,
+)
+from attnlab.runtime import remember
+from attnlab.validation import check_kvcache_inputs, check_kvcache_values
+
+#: Largest split count (each split's partial output is a [B, Sq, Hq, D] fp32 tensor).
+MAX_SPLITS = 64
+#: CTAs per SM the split count aims at: a memory-bound kernel wants several in flight.
+CTAS_PER_SM = 2
+
+_launches: dict[tuple, tuple] = {}
+
+
+def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
+    """``(keys_per_warp, kv_stages)`` of the decoding kernel: a K/V block of 128 keys where
+    shared memory holds two (hd <= 128 on sm_80/90), else of 64.
+
+    Raises:
+        attnlab.ConfigError: no block fits ``arch``'s shared memory at this head dim.
+    """
+    capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
+    for keys_per_warp in (32, 16):
+        if head_dim > 128 and keys_per_warp == 32:
+            continue  # 64 keys already read 32 KiB of K and V per block
+        stages = 2
+        block = keys_per_warp * DECODE_WARPS
+        need = 2 * stages * block * head_dim * 2 + 16 * head_dim * 2 + 2048
+        if need <= capacity:
+            return keys_per_warp, stages
+    raise ConfigError(f"no decoding tile at head_dim={head_dim} fits the shared memory of "
+                      f"{arch} ({capacity} bytes)")
+
+
+def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int) -> int:
+    """Splits per K/V range so that about ``CTAS_PER_SM`` CTAs per SM run: none when the
+    (query tile, sequence, K/V head) grid already fills the GPU, never more than the K/V
+    blocks (a split of no block only writes an empty partial)."""
+    if ctas <= 0 or ctas >= multiprocessors:
+        return 1
+    wanted = math.ceil(CTAS_PER_SM * multiprocessors / ctas)
+    return max(1, min(wanted, kv_blocks, MAX_SPLITS))
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    *,
+    cache_seqlens: torch.Tensor | int | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    num_splits: int = 0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    check_cache: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` over a KV cache, after appending ``k`` and ``v`` to it in place.
+
+    Args:
+        q: ``[B, Sq, Hq, D]``, fp16 or bf16, on CUDA.
+        k_cache, v_cache: ``[B_cache, S_cache, Hkv, D]``, or with ``block_table`` a paged
+            cache ``[num_pages, page_size, Hkv, D]`` (``page_size`` >= 16); ``Hq`` a multiple
+            of ``Hkv`` (GQA/MQA).
+        k, v: ``[B, S_new, Hkv, D]`` new keys and values, written into the cache at
+            positions ``cache_seqlens[b] ..`` before attending; None: nothing appended.
+        cache_seqlens: int32 ``[B]`` (or an int for all) keys already in each sequence's
+            cache; None: the whole cache (``S_cache``, or ``block_table``'s pages).
+        cache_batch_idx: int32 ``[B]``, the cache row of each sequence (contiguous caches);
+            None: row ``b``.
+        block_table: int32 ``[B, max_pages]``, the pages of each sequence in order.
+        softmax_scale: multiplier of Q K^T; None is ``1 / sqrt(D)``.
+        causal: query position ``i`` sees keys ``<= i + Sk - Sq`` (bottom-right aligned,
+            ``Sk`` = cache_seqlens + S_new), flash_attn's convention.
+        window_size: ``(left, right)`` band around that diagonal; -1 leaves a side open.
+        num_splits: CTAs per K/V range; 0 picks from the problem and the SM count.
+        return_lse: also return the natural-log LSE ``[B, Hq, Sq]`` (fp32).
+        out: write the output here (q's shape and dtype).
+        check_cache: read ``cache_seqlens`` and ``block_table`` on the host and refuse
+            lengths past the cache and pages out of range (one device sync; off, they are
+            trusted).
+
+    Returns:
+        ``out`` ``[B, Sq, Hq, D]``, or ``(out, lse)``. A row that sees no key gets 0 and LSE
+        -inf.
+
+    Raises:
+        TypeError, ValueError: malformed inputs (shapes, dtypes, layouts, devices, options),
+            with what was expected.
+        attnlab.ConfigError: no decoding tile fits this GPU at this head dim.
+    """
+    problem = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                   cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                   softmax_scale=softmax_scale, causal=causal,
+                                   window_size=window_size, num_splits=num_splits, out=out)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    paged = block_table is not None
+    capacity = (block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1])
+    if cache_seqlens is None:
+        seqlens = torch.full((batch,), capacity - (k.shape[1] if k is not None else 0),
+                             dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        seqlens = cache_seqlens
+    if check_cache:
+        check_kvcache_values(seqlens, k_cache, block_table, k.shape[1] if k is not None else 0,
+                             capacity)
+    if k is not None:
+        _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
+        seqlens = seqlens + k.shape[1]
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel():
+        decode, combine, splits = _launch(q, k_cache, problem, paged,
+                                          cache_batch_idx is not None, capacity, num_splits)
+        scale, (left, right) = problem
+        if combine is None:
+            decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
+                   scale, left, right, 1)
+        else:
+            partial_out = torch.empty((splits * batch, seqlen_q, heads_q, head_dim),
+                                      dtype=torch.float32, device=q.device)
+            partial_lse = torch.empty((splits * batch, heads_q, seqlen_q),
+                                      dtype=torch.float32, device=q.device)
+            decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
+                   partial_lse, scale, left, right, splits)
+            combine(partial_out, partial_lse, out, lse, splits)
+    return (out, lse) if return_lse else out
+
+
+def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            seqlens: torch.Tensor, cache_batch_idx: torch.Tensor | None,
+            block_table: torch.Tensor | None) -> None:
+    """Write k and v at positions ``seqlens[b] ..`` of each sequence's cache (device-side
+    indices: no host sync, safe in a CUDA graph)."""
+    positions = seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        rows = (block_table.long().gather(1, positions // page_size), positions % page_size)
+    else:
+        batch = (cache_batch_idx.long() if cache_batch_idx is not None
+                 else torch.arange(k.shape[0], device=k.device))
+        rows = (batch[:, None].expand_as(positions), positions)
+    k_cache.index_put_(rows, k)
+    v_cache.index_put_(rows, v)
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, problem: tuple, paged: bool,
+            batch_idx: bool, capacity: int, num_splits: int) -> tuple:
+    """(decoding fn, combine fn or None, splits) of this call signature, built once."""
+    key = (q.shape, q.dtype, q.device, k_cache.shape[2], paged, batch_idx, capacity, problem,
+           num_splits)
+    found = _launches.get(key)
+    if found is not None:
+        return found
+    info = device.info(q.device)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    keys_per_warp, stages = decode_tile(head_dim, info.arch)
+    block_n = keys_per_warp * DECODE_WARPS
+    tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
+    splits = num_splits or choose_splits(tiles * batch * heads_kv,
+                                         math.ceil(capacity / block_n), info.multiprocessors)
+    dtype = str(q.dtype).removeprefix("torch.")
+    windowed = problem[1] != encode_window((-1, -1))
+    spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed, splits > 1,
+                      keys_per_warp, stages)
+    combine = None
+    if splits > 1:
+        combine = kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
+    found = (kernel_cache.get(spec).fn, combine, splits)
+    remember(_launches, key, found)
+    return found

@@ -1,0 +1,300 @@
+"""Split-KV decoding over a KV cache (FlashDecoding), ``mma.sync`` + ``cp.async`` for sm80+.
+
+Decoding attends a few query rows to a long cache: the work is reading K and V once, so the
+kernel is built for bandwidth, not for tensor-core rate.
+
+* **Pack-GQA**: the query heads that share a K/V head become the rows of one tile (packed row
+  ``r`` is query position ``r // group`` of head ``kv_head * group + r % group``), so each K
+  and V byte is read once per group, not once per query head. A tile is 16 rows, one
+  ``mma.sync`` row block; more packed rows take more tiles.
+* **Split-KV** (the seed lab's split experiment, on the regime where it wins): a grid of
+  (query tile, sequence x K/V head, split); each split walks its own range of K/V blocks and
+  writes an fp32 partial output and LSE, which ``decode_combine.py`` merges. One split writes
+  the output directly.
+* **Within a CTA** the four warps split each K/V block by keys (``keys_per_warp`` each),
+  every warp running its own online softmax over its keys; at the end they merge through
+  shared memory by their LSEs, the same merge as the splits'.
+* **Gathered rows**: every K/V row is copied by ``cp.async`` from an address computed per
+  row, so a paged cache (row ``p`` of sequence ``b`` lives at page ``block_table[b, p //
+  page_size]``, row ``p % page_size``) and a contiguous one (``cache_batch_idx``) take the
+  same path; blocks of ``kv_stages`` are in flight while the warps compute.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from attnlab.kernels.abi import DECODE_WARPS, DecodeArgs, DecodeSpec
+from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.epilogue import store_fragment
+from attnlab.kernels.common.layouts import (
+    COPY_BITS,
+    acc_as_operand_a,
+    acc_mn_view,
+    row_copy,
+    smem_tile_layout,
+    transposed,
+)
+from attnlab.kernels.common.softmax import OnlineSoftmax
+from attnlab.kernels.common.tensors import element_type
+from attnlab.kernels.sm80.ldmatrix_gemm import gemm
+
+#: Packed query rows per tile: one mma.sync row block.
+TILE_ROWS = 16
+#: ldmatrix fragments per load, double buffered (the forward's schedule).
+FRAGS = 2
+THREADS = 32 * DECODE_WARPS
+
+
+class FlashDecode:
+    """Compile-time description of one decoding kernel (a ``DecodeSpec``); called (through
+    ``cute.compile``) with the ``kernels.abi.DecodeArgs`` and a stream."""
+
+    def __init__(self, spec: DecodeSpec):
+        self.spec = spec
+        self.dtype = element_type(spec.dtype)
+        self.head_dim = spec.head_dim
+        self.block_n = spec.keys_per_warp * DECODE_WARPS
+
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                 cache_seqlens: cute.Tensor, cache_batch_idx: cute.Tensor | None,
+                 block_table: cute.Tensor | None, out: cute.Tensor, lse: cute.Tensor,
+                 softmax_scale: cutlass.Float32, window_left: cutlass.Int32,
+                 window_right: cutlass.Int32, num_splits: cutlass.Int32,
+                 stream: cuda.CUstream):
+        """Launch on the arguments of ``kernels.abi.DecodeArgs`` (and the stream)."""
+        t = DecodeArgs(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, out,
+                       lse, softmax_scale, window_left, window_right, num_splits)
+        D, spec = self.head_dim, self.spec
+        kv_layout = smem_tile_layout("xor", self.block_n, D, spec.kv_stages)
+        q_layout = smem_tile_layout("xor", TILE_ROWS, D)
+        # The warps' partial outputs reuse the K ring once the walk is done.
+        assert cute.cosize(kv_layout) * self.dtype.width >= (
+            DECODE_WARPS * TILE_ROWS * D * 32), "the K ring must hold the warps' outputs"
+        SharedStorage = shared_storage({
+            "sQ": shared_tile(self.dtype, q_layout),
+            "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
+            "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS]})
+        load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
+            cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
+        mma = cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
+                                  (1, 1, 1), permutation_mnk=(16, 16, 16))
+        group = q.shape[2] // k_cache.shape[2]
+        rows = q.shape[1] * group
+        self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
+                    SharedStorage, group).launch(
+            grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
+            block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
+               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, group: cutlass.Int32):
+        D, spec = self.head_dim, self.spec
+        B_n, kpw = self.block_n, spec.keys_per_warp
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, bh, split = cute.arch.block_idx()
+        heads_kv = t.k_cache.shape[2]
+        batch, head_kv = bh // heads_kv, bh % heads_kv
+        seqlen_q = t.q.shape[1]
+        seqlen_k = t.cache_seqlens[batch]
+        row0 = m_block * TILE_ROWS
+        rows = seqlen_q * group
+
+        # ---- this split's K/V blocks: the keys some row of the tile sees, cut in splits ----
+        key_lo, key_hi = 0, seqlen_k
+        if cutlass.const_expr(spec.windowed):
+            # Query position s sees keys s + Sk - Sq - left ..= s + Sk - Sq + right.
+            first_q = row0 // group
+            last_q = (cutlass.min(row0 + TILE_ROWS, rows) - 1) // group
+            key_lo = cutlass.max(first_q + seqlen_k - seqlen_q - t.window_left, 0)
+            key_hi = cutlass.min(last_q + seqlen_k - seqlen_q + t.window_right + 1, seqlen_k)
+        n_lo = key_lo // B_n
+        n_hi = cute.ceil_div(cutlass.max(key_hi, 0), B_n)
+        n_hi = cutlass.max(n_hi, n_lo)
+        per_split = cute.ceil_div(n_hi - n_lo, t.num_splits)
+        n_first = cutlass.min(n_lo + split * per_split, n_hi)
+        n_last = cutlass.min(n_first + per_split, n_hi)
+
+        # ---- shared memory and this thread's copies ---------------------------------------
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(q_layout)[None, None, 0]
+        sK = storage.sK.get_tensor(kv_layout)
+        sV = storage.sV.get_tensor(kv_layout)
+        thr_load = gmem_load.get_slice(tidx)
+        cache_row = batch
+        if cutlass.const_expr(spec.batch_idx):
+            cache_row = t.cache_batch_idx[batch]
+        where = (batch, cache_row, head_kv, group)
+        self._gather(thr_load, gmem_load, sQ, TILE_ROWS, t, None, row0, rows, where)
+        for i in cutlass.range_constexpr(spec.kv_stages - 1):
+            if n_first + i < n_last:
+                self._load_block(thr_load, gmem_load, t, sK, sV, n_first + i, i, seqlen_k,
+                                 where)
+            cute.arch.cp_async_commit_group()
+
+        # ---- this warp's slice of every block: S = Q K^T, online softmax, O += P V ---------
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        thr_mma = mma.get_slice(lane)
+        ldsm, ldsm_t = (cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=tr,
+                                                                   num_matrices=4), self.dtype)
+                        for tr in (False, True))
+        mine = (kpw, D, spec.kv_stages)
+        sK_w = cute.local_tile(sK, mine, (warp_idx, 0, 0))
+        sVt_w = transposed(cute.local_tile(sV, mine, (warp_idx, 0, 0)), kpw, D, spec.kv_stages)
+
+        def operand(frag, copy, src):
+            thr = copy.get_slice(lane)
+            return frag, (copy, thr.partition_S(src), thr.retile(frag))
+
+        tQ, lQ = operand(thr_mma.make_fragment_A(thr_mma.partition_A(sQ)),
+                         cute.make_tiled_copy_A(ldsm, mma), sQ)
+        tK, lK = operand(thr_mma.make_fragment_B(thr_mma.partition_B(sK_w[None, None, 0])),
+                         cute.make_tiled_copy_B(ldsm, mma), sK_w)
+        tVt, lVt = operand(thr_mma.make_fragment_B(thr_mma.partition_B(sVt_w[None, None, 0])),
+                           cute.make_tiled_copy_B(ldsm_t, mma), sVt_w)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_ROWS, D)),
+                                      cutlass.Float32)
+        acc_O.fill(0.0)
+        tScS = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_ROWS, kpw))))
+        softmax = OnlineSoftmax.create(cute.size(tScS, mode=[0]), t.softmax_scale, True, True)
+
+        for n_block in cutlass.range(n_first, n_last, unroll=1):
+            it = n_block - n_first
+            stage = it % spec.kv_stages
+            cute.arch.cp_async_wait_group(spec.kv_stages - 2)
+            cute.arch.sync_threads()
+            # Every warp is past the block before: its stage takes the next one in.
+            ahead = n_block + spec.kv_stages - 1
+            if ahead < n_last:
+                self._load_block(thr_load, gmem_load, t, sK, sV, ahead,
+                                 (it + spec.kv_stages - 1) % spec.kv_stages, seqlen_k, where)
+            cute.arch.cp_async_commit_group()
+
+            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_ROWS, kpw)),
+                                          cutlass.Float32)
+            acc_S.fill(0.0)
+            gemm(mma, acc_S, tQ, tK, lQ, (lK[0], lK[1][None, None, None, stage], lK[2]),
+                 FRAGS, FRAGS, True)
+            key0 = n_block * B_n + warp_idx * kpw
+            self._mask(acc_S, tScS, key0, row0, group, seqlen_q, seqlen_k, t.window_left,
+                       t.window_right)
+            softmax.update(acc_S, acc_O)
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            gemm(mma, acc_O, acc_as_operand_a(rP), tVt, None,
+                 (lVt[0], lVt[1][None, None, None, stage], lVt[2]), 0, FRAGS, True)
+
+        # ---- the warps' outputs merged by their LSEs, then written -------------------------
+        lse_w = cute.make_rmem_tensor((cute.size(tScS, mode=[0]),), cutlass.Float32)
+        softmax.finalize(acc_O, lse_w)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        sO = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=cutlass.Float32),
+                              cute.make_layout((TILE_ROWS, D, DECODE_WARPS),
+                                               stride=(D, 1, TILE_ROWS * D)))
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_ROWS, DECODE_WARPS),
+                                                        stride=(1, TILE_ROWS)))
+        store_fragment(acc_O, sO[None, None, warp_idx], mma, lane)
+        if lane % 4 == 0:
+            for r in cutlass.range_constexpr(cute.size(tScS, mode=[0])):
+                sLSE[tScS[r, 0][0], warp_idx] = lse_w[r]
+        cute.arch.sync_threads()
+        self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
+
+    @cute.jit
+    def _load_block(self, thr_load, gmem_load: cute.TiledCopy, t: DecodeArgs, sK: cute.Tensor,
+                    sV: cute.Tensor, n_block, stage, seqlen_k, where: tuple):
+        """Start copying K/V block ``n_block`` into ring stage ``stage``."""
+        key0 = n_block * self.block_n
+        for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
+            self._gather(thr_load, gmem_load, smem[None, None, stage], self.block_n, t, cache,
+                         key0, seqlen_k, where)
+
+    @cute.jit
+    def _gather(self, thr_load, gmem_load: cute.TiledCopy, smem: cute.Tensor,
+                tile_rows: cutlass.Constexpr, t: DecodeArgs, cache: cute.Tensor | None,
+                first, limit, where: tuple):
+        """Copy ``tile_rows`` rows into ``smem`` by ``cp.async``: rows ``first + r`` below
+        ``limit`` of the packed queries (``cache`` None) or of a K/V cache, zeros past it.
+        Packed query row ``p`` is position ``p // group`` of head ``head_kv * group + p %
+        group``; key ``p`` of a paged cache sits at row ``p % page_size`` of page
+        ``block_table[batch, p // page_size]``."""
+        batch, cache_row, head_kv, group = where
+        coord = thr_load.partition_S(cute.make_identity_tensor((tile_rows, self.head_dim)))
+        dst = thr_load.partition_D(smem)
+        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            p = first + coord[0, m, 0][0]
+            if p < limit:
+                if cutlass.const_expr(cache is None):
+                    row = t.q[batch, p // group, head_kv * group + p % group, None]
+                elif cutlass.const_expr(self.spec.paged):
+                    page_size = cache.shape[1]
+                    row = cache[t.block_table[batch, p // page_size], p % page_size, head_kv,
+                                None]
+                else:
+                    row = cache[cache_row, p, head_kv, None]
+                for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+                    ptr = cute.make_ptr(self.dtype,
+                                        (row.iterator + coord[0, m, k][1]).toint(),
+                                        cute.AddressSpace.gmem, assumed_align=16)
+                    chunk = cute.make_tensor(ptr, dst[None, m, k].layout)
+                    cute.copy(gmem_load, chunk, dst[None, m, k])
+            else:
+                dst[None, m, None].fill(0)
+
+    @cute.jit
+    def _mask(self, acc_S: cute.Tensor, tScS: cute.Tensor, key0, row0, group, seqlen_q,
+              seqlen_k, window_left, window_right):
+        """-inf where a key is past the sequence or (``windowed``) outside the row's band."""
+        s_mn = acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                key = key0 + tScS[r, c][1]
+                if key >= seqlen_k:
+                    s_mn[r, c] = -cutlass.Float32.inf
+                if cutlass.const_expr(self.spec.windowed):
+                    diagonal = (row0 + tScS[r, c][0]) // group + seqlen_k - seqlen_q
+                    if key < diagonal - window_left:
+                        s_mn[r, c] = -cutlass.Float32.inf
+                    if key > diagonal + window_right:
+                        s_mn[r, c] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor, batch, split,
+               head_kv, group, row0, rows, tidx):
+        """Merge the warps' (O, LSE) of each row and write the tile's rows (a split's partial
+        rows at batch index ``split * B + batch``)."""
+        D = self.head_dim
+        out_batch = batch
+        if cutlass.const_expr(self.spec.split):
+            out_batch = split * t.q.shape[0] + batch
+        # Per row: the merged LSE and each warp's weight exp(lse_w - lse).
+        vec = 4
+        for i in cutlass.range_constexpr(TILE_ROWS * D // vec // THREADS):
+            index = i * THREADS + tidx
+            r, c = index // (D // vec), index % (D // vec) * vec
+            if row0 + r < rows:
+                top = -cutlass.Float32.inf
+                for w in cutlass.range_constexpr(DECODE_WARPS):
+                    top = cute.arch.fmax(top, sLSE[r, w])
+                safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
+                total = cutlass.Float32(0.0)
+                acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+                acc.fill(0.0)
+                for w in cutlass.range_constexpr(DECODE_WARPS):
+                    weight = cute.math.exp(sLSE[r, w] - safe_top, fastmath=True)
+                    total = total + weight
+                    for j in cutlass.range_constexpr(vec):
+                        acc[j] = acc[j] + weight * sO[r, c + j, w]
+                inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+                row = row0 + r
+                dst = cute.local_tile(
+                    t.out[out_batch, row // group, head_kv * group + row % group, None],
+                    (vec,), (c // vec,))
+                dst.store((acc.load() * inverse).to(t.out.element_type))
+                if c == 0:
+                    t.lse[out_batch, head_kv * group + row % group, row // group] = (
+                        safe_top + cute.math.log(total, fastmath=True))

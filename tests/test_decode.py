@@ -1,0 +1,115 @@
+"""Decoding on CPU (issue 21): the kernels cross-compiled for sm_80 and sm_90a and their SASS,
+the tile and split choices, and the inputs ``attention_with_kvcache`` refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.analysis.resources import read_resources
+from attnlab.analysis.sass import disassemble, histogram, parse
+from attnlab.compile import compile_spec
+from attnlab.config import ConfigError
+from attnlab.decode import choose_splits, decode_tile
+from attnlab.kernels.abi import (
+    DECODE_WARPS,
+    CombineSpec,
+    DecodeArgs,
+    DecodeSpec,
+    spec_from_dict,
+)
+from attnlab.kernels.common.decode import FlashDecode
+
+
+def test_launch_abi_is_spelled_out_once():
+    import inspect
+
+    params = list(inspect.signature(FlashDecode.__call__).parameters)
+    assert params == ["self", *DecodeArgs._fields, "stream"]
+
+
+def test_specs_round_trip():
+    for spec in (DecodeSpec("sm_90a", "bfloat16", 128, paged=True, windowed=True, split=True),
+                 CombineSpec("sm_80", "float16", 64)):
+        assert spec_from_dict(spec.to_dict()) == spec
+
+
+def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
+    assert decode_tile(128, "sm_90a") == (32, 2)
+    assert decode_tile(256, "sm_80") == (16, 2)
+    assert decode_tile(128, "sm_86") == (16, 2)  # 99 KiB: 64-key blocks
+    with pytest.raises(ConfigError, match="no decoding tile"):
+        decode_tile(256, "sm_86")
+    assert choose_splits(8, 256, 132) == 33      # B=1, 8 K/V heads: ~2 CTAs per SM
+    assert choose_splits(512, 256, 132) == 1     # the grid already fills the GPU
+    assert choose_splits(8, 4, 132) == 4         # never more splits than K/V blocks
+    assert choose_splits(1, 10_000, 132) == 64   # capped
+
+
+# (arch, head dim, knobs): the variants a call can pick.
+COMPILED = [("sm_80", 64, {}), ("sm_80", 128, {"paged": True, "windowed": True}),
+            ("sm_90a", 128, {"split": True, "batch_idx": True}),
+            ("sm_90a", 256, {"paged": True, "split": True, "keys_per_warp": 16}),
+            ("sm_90a", 96, {"windowed": True})]
+
+
+@pytest.mark.parametrize("arch, head_dim, knobs", COMPILED)
+def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
+    """Per K/V block: S (16 rows x the warp's keys x D) and P V (16 x D x keys) in m16n8k16
+    MMAs, K and V gathered by 16-byte cp.async (one per thread per 8 columns of a row), no
+    local memory."""
+    spec = DecodeSpec(arch, "bfloat16", head_dim, **knobs)
+    art = compile_spec(spec, tmp_path)
+    text = disassemble(art.cubin)
+    ops = histogram(parse(text))
+    keys = spec.keys_per_warp
+    # S: keys / 8 n-tiles x D / 16 k-steps; P V: D / 8 x keys / 16 (one loop body).
+    assert ops["HMMA"] == keys * head_dim // 64
+    copies_per_block = 2 * keys * DECODE_WARPS * head_dim // 8 // (32 * DECODE_WARPS)
+    # Two blocks' loads in the code (the prologue's and the loop's), then Q's few.
+    assert 2 * copies_per_block < ops["LDGSTS"] <= 2 * copies_per_block + 4
+    res = read_resources(art.cubin, text)
+    assert not res.spills and res.registers <= 255, res
+
+
+def test_combine_kernel_reads_one_vector_per_split(tmp_path):
+    art = compile_spec(CombineSpec("sm_90a", "bfloat16", 128), tmp_path)
+    ops = histogram(parse(disassemble(art.cubin)))
+    # Per split: the LSE (twice: the max, then the weights) and one vector of the partial.
+    assert ops["LDG"] == 3 and ops["STG"] == 2
+
+
+def _inputs(**changes):
+    q = torch.randn(2, 1, 8, 64, dtype=torch.bfloat16)
+    cache = torch.randn(2, 128, 2, 64, dtype=torch.bfloat16)
+    args = {"q": q, "k_cache": cache, "v_cache": cache.clone()}
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("changes, kwargs, error, message", [
+    ({}, {"num_splits": 65}, ValueError, "num_splits"),
+    ({}, {"block_table": torch.zeros(2, 2, dtype=torch.int64)}, TypeError, "int32"),
+    ({}, {"block_table": torch.zeros(3, 2, dtype=torch.int32)}, ValueError, "B, max_pages"),
+    ({"k_cache": torch.randn(4, 8, 2, 64, dtype=torch.bfloat16),
+      "v_cache": torch.randn(4, 8, 2, 64, dtype=torch.bfloat16)},
+     {"block_table": torch.zeros(2, 2, dtype=torch.int32)}, ValueError, "page_size"),
+    ({}, {"block_table": torch.zeros(2, 2, dtype=torch.int32),
+          "cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, ValueError, "pass one"),
+    ({}, {"cache_seqlens": torch.zeros(2, dtype=torch.int64)}, ValueError, "int32"),
+    ({}, {"cache_seqlens": -1}, TypeError, "cache_seqlens"),
+    ({"q": torch.randn(2, 1, 5, 64, dtype=torch.bfloat16)}, {}, ValueError, "multiple"),
+    ({"v_cache": torch.randn(2, 64, 2, 64, dtype=torch.bfloat16)}, {}, ValueError,
+     "one shape"),
+    ({}, {"k": torch.randn(2, 1, 2, 64, dtype=torch.bfloat16)}, ValueError, "both k and v"),
+    ({}, {"k": torch.randn(2, 1, 4, 64, dtype=torch.bfloat16),
+          "v": torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)}, ValueError, "S_new, Hkv"),
+    ({"k_cache": torch.randn(1, 128, 2, 64, dtype=torch.bfloat16),
+      "v_cache": torch.randn(1, 128, 2, 64, dtype=torch.bfloat16)}, {}, ValueError,
+     "cache_batch_idx"),
+    ({}, {}, ValueError, "CUDA"),
+])
+def test_bad_inputs_are_refused_before_any_kernel(changes, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        attnlab.attention_with_kvcache(**_inputs(**changes), **kwargs)

@@ -1,0 +1,184 @@
+"""Decoding against a KV cache on the GPU (issue 21): ``attention_with_kvcache`` against an
+fp64 reference built from the gathered cache, appends, paged vs contiguous, every split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import reference
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+
+def make_cache(batch, capacity, heads_kv, head_dim, dtype, gen, page_size=None):
+    """(k_cache, v_cache, block_table): contiguous, or paged with the pages shuffled (a
+    sequence's pages scattered over the pool, some pages unused)."""
+    if page_size is None:
+        return (randn(batch, capacity, heads_kv, head_dim, dtype=dtype, gen=gen),
+                randn(batch, capacity, heads_kv, head_dim, dtype=dtype, gen=gen), None)
+    per_seq = -(-capacity // page_size)
+    pages = batch * per_seq + 3
+    order = torch.randperm(pages, device="cuda", generator=gen)[: batch * per_seq]
+    table = order.view(batch, per_seq).to(torch.int32).contiguous()
+    return (randn(pages, page_size, heads_kv, head_dim, dtype=dtype, gen=gen),
+            randn(pages, page_size, heads_kv, head_dim, dtype=dtype, gen=gen), table)
+
+
+def gathered(cache, table, b, length, batch_idx=None):
+    """Sequence b's first ``length`` keys as [1, length, Hkv, D]."""
+    if table is None:
+        row = b if batch_idx is None else int(batch_idx[b])
+        return cache[row, :length][None]
+    page_size = cache.shape[1]
+    pages = table[b, : -(-length // page_size)].long()
+    return cache[pages].flatten(0, 1)[:length][None]
+
+
+def reference_out(q, k_cache, v_cache, table, lengths, window, scale, batch_idx=None):
+    outs, lses = [], []
+    for b, length in enumerate(lengths):
+        k = gathered(k_cache, table, b, length, batch_idx).double()
+        v = gathered(v_cache, table, b, length, batch_idx).double()
+        o, lse = reference.attention(q[b: b + 1].double(), k, v, softmax_scale=scale,
+                                     window_size=window, return_lse=True,
+                                     compute_dtype=torch.float64)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def check(out, lse, ref_out, ref_lse, dtype, what):
+    assert not out.isnan().any(), f"{what}: NaN in the output"
+    err = (out.double() - ref_out).abs().max().item()
+    bound = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    assert err <= bound, f"{what}: max abs error {err:.3e} > {bound}"
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), finite), f"{what}: LSE -inf pattern differs"
+    assert (lse[finite].double() - ref_lse[finite]).abs().max().item() <= 1e-3 if (
+        finite.any()) else True
+
+
+# (batch, Sq, Hq, Hkv, D, page_size, window)
+CASES = [
+    (1, 1, 32, 8, 128, None, (-1, -1)),     # decode, GQA 4
+    (3, 1, 8, 1, 128, 16, (-1, -1)),        # MQA, paged (16-row pages)
+    (2, 4, 16, 4, 64, 64, (-1, 0)),         # speculative rows, causal, paged
+    (2, 3, 8, 8, 256, None, (100, 0)),      # hd256, sliding window
+    (4, 1, 32, 8, 96, 32, (-1, -1)),        # hd96
+    (2, 5, 12, 4, 128, None, (-1, 0)),      # 15 packed rows: one tile
+    (1, 7, 16, 4, 64, None, (-1, 0)),       # 28 packed rows: two tiles
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_matches_the_reference_over_ragged_caches(case, dtype, num_splits):
+    batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
+    dt = DTYPES[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + head_dim + seqlen_q)
+    capacity = 1500
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
+                                         page_size)
+    # Ragged lengths, one of them 0 when there are several sequences.
+    lengths = [0 if b == 1 else 1 + (977 * (b + 1)) % capacity for b in range(batch)]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dt, gen=gen)
+    scale = 1 / math.sqrt(head_dim)
+    out = torch.full_like(q, math.nan)
+    got, lse = attnlab.attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, softmax_scale=scale,
+        window_size=window, num_splits=num_splits, return_lse=True, out=out)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr()
+    ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, window, scale)
+    check(got, lse, ref_out, ref_lse, dt, f"{case} splits={num_splits}")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_appends_land_at_their_slots_and_nothing_else_moves(paged):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dt = torch.bfloat16
+    batch, heads, heads_kv, head_dim, new = 3, 16, 4, 128, 3
+    k_cache, v_cache, table = make_cache(batch, 600, heads_kv, head_dim, dt, gen,
+                                         32 if paged else None)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    lengths = [5, 0, 590]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = randn(batch, new, heads, head_dim, dtype=dt, gen=gen)
+    k = randn(batch, new, heads_kv, head_dim, dtype=dt, gen=gen)
+    v = randn(batch, new, heads_kv, head_dim, dtype=dt, gen=gen)
+    out = attnlab.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                         block_table=table, causal=True)
+    torch.cuda.synchronize()
+    # The new rows are where they belong; every other row is untouched.
+    expect_k, expect_v = before_k.clone(), before_v.clone()
+    for b, length in enumerate(lengths):
+        for i in range(new):
+            pos = length + i
+            if table is None:
+                where = (b, pos)
+            else:
+                where = (int(table[b, pos // 32]), pos % 32)
+            expect_k[where] = k[b, i]
+            expect_v[where] = v[b, i]
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
+    ref_out, _ = reference_out(q, k_cache, v_cache, table, [n + new for n in lengths],
+                               (-1, 0), 1 / math.sqrt(head_dim))
+    assert (out.double() - ref_out).abs().max().item() <= 2e-2
+
+
+def test_paged_and_contiguous_caches_agree():
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    dt = torch.float16
+    batch, capacity, heads_kv, head_dim, page = 2, 1024, 8, 128, 64
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen, page)
+    dense_k = torch.stack([gathered(k_cache, table, b, capacity)[0] for b in range(batch)])
+    dense_v = torch.stack([gathered(v_cache, table, b, capacity)[0] for b in range(batch)])
+    q = randn(batch, 1, 32, head_dim, dtype=dt, gen=gen)
+    seqlens = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
+    for splits in (1, 4):
+        paged = attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                               block_table=table, num_splits=splits)
+        dense = attnlab.attention_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens,
+                                               num_splits=splits)
+        assert torch.equal(paged, dense)
+
+
+def test_cache_batch_idx_selects_cache_rows():
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    dt = torch.bfloat16
+    k_cache, v_cache, _ = make_cache(5, 700, 2, 64, dt, gen)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    q = randn(3, 1, 8, 64, dtype=dt, gen=gen)
+    lengths = [700, 12, 333]
+    out = attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_batch_idx=idx,
+                                         cache_seqlens=torch.tensor(lengths, dtype=torch.int32,
+                                                                    device="cuda"))
+    ref_out, _ = reference_out(q, k_cache, v_cache, None, lengths, (-1, -1), 0.125, idx)
+    assert (out.double() - ref_out).abs().max().item() <= 2e-2
+
+
+def test_opt_in_check_refuses_lengths_and_pages_out_of_range():
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    k_cache, v_cache, table = make_cache(2, 256, 2, 64, torch.bfloat16, gen, 64)
+    q = randn(2, 1, 4, 64, dtype=torch.bfloat16, gen=gen)
+    too_long = torch.tensor([10, 257], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="does not fit"):
+        attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=too_long,
+                                       block_table=table, check_cache=True)
+    bad = table.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(ValueError, match="names pages outside"):
+        attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, block_table=bad,
+                                       check_cache=True)
