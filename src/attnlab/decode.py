@@ -34,10 +34,11 @@ from attnlab.validation import check_kvcache_inputs, check_kvcache_values
 
 #: Largest split count (each split's partial output is a [B, Sq, Hq, D] fp32 tensor).
 MAX_SPLITS = 64
-#: CTAs per SM the split count aims at: a memory-bound kernel wants several in flight.
-CTAS_PER_SM = 2
+#: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
+#: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
+CTAS_PER_SM = 1
 
-_launches: dict[tuple, tuple] = {}
+_calls: dict[tuple, _DecodeCall] = {}
 
 
 def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
@@ -122,45 +123,105 @@ def attention_with_kvcache(
             with what was expected.
         attnlab.ConfigError: no decoding tile fits this GPU at this head dim.
     """
-    problem = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
-                                   cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                   softmax_scale=softmax_scale, causal=causal,
-                                   window_size=window_size, num_splits=num_splits, out=out)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    paged = block_table is not None
-    capacity = (block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1])
-    if cache_seqlens is None:
-        seqlens = torch.full((batch,), capacity - (k.shape[1] if k is not None else 0),
-                             dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        seqlens = cache_seqlens
-    if check_cache:
-        check_kvcache_values(seqlens, k_cache, block_table, k.shape[1] if k is not None else 0,
-                             capacity)
-    if k is not None:
-        _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
-        seqlens = seqlens + k.shape[1]
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-    if out.numel():
-        decode, combine, splits = _launch(q, k_cache, problem, paged,
-                                          cache_batch_idx is not None, capacity, num_splits)
-        scale, (left, right) = problem
-        if combine is None:
-            decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
-                   scale, left, right, 1)
-        else:
-            partial_out = torch.empty((splits * batch, seqlen_q, heads_q, head_dim),
-                                      dtype=torch.float32, device=q.device)
-            partial_lse = torch.empty((splits * batch, heads_q, seqlen_q),
-                                      dtype=torch.float32, device=q.device)
-            decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
-                   partial_lse, scale, left, right, splits)
-            combine(partial_out, partial_lse, out, lse, splits)
+    options = (softmax_scale, causal, window_size, num_splits)
+    key, call = (None, None) if check_cache else _lookup(lambda: (
+        _meta(q), _meta(k_cache), _meta(v_cache), _meta(k), _meta(v),
+        cache_seqlens if isinstance(cache_seqlens, int) else _meta(cache_seqlens),
+        _meta(cache_batch_idx), _meta(block_table), _meta(out), options))
+    if call is None:
+        problem = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                       cache_batch_idx=cache_batch_idx,
+                                       block_table=block_table, softmax_scale=softmax_scale,
+                                       causal=causal, window_size=window_size,
+                                       num_splits=num_splits, out=out)
+        call = _DecodeCall(q, k_cache, k, block_table, cache_batch_idx is not None, problem,
+                           num_splits)
+        if key is not None:
+            remember(_calls, key, call)
+        if check_cache:
+            seqlens = call.seqlens(cache_seqlens, q, k)
+            check_kvcache_values(seqlens, k_cache, block_table,
+                                 k.shape[1] if k is not None else 0, call.capacity)
+    out, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                    out)
     return (out, lse) if return_lse else out
+
+
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    """What a call signature keeps of a tensor argument."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _lookup(signature) -> tuple[tuple | None, _DecodeCall | None]:
+    """``(key, remembered call or None)``; ``(None, None)`` for arguments that cannot form
+    a key (not tensors, unhashable options): their validation says what is wrong."""
+    try:
+        key = signature()
+        return key, _calls.get(key)
+    except (TypeError, AttributeError):
+        return None, None
+
+
+class _DecodeCall:
+    """One call signature's decoding: its kernels (built once), split count and scalars;
+    a call appends, allocates the outputs and launches."""
+
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, k: torch.Tensor | None,
+                 block_table: torch.Tensor | None, batch_idx: bool, problem: tuple,
+                 num_splits: int):
+        info = device.info(q.device)
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        heads_kv = k_cache.shape[2]
+        paged = block_table is not None
+        self.capacity = (block_table.shape[1] * k_cache.shape[1] if paged
+                         else k_cache.shape[1])
+        self.new_tokens = k.shape[1] if k is not None else 0
+        keys_per_warp, stages = decode_tile(head_dim, info.arch)
+        tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
+        self.splits = num_splits or choose_splits(
+            tiles * batch * heads_kv, math.ceil(self.capacity / (keys_per_warp * DECODE_WARPS)),
+            info.multiprocessors)
+        dtype = str(q.dtype).removeprefix("torch.")
+        self.scale, (self.left, self.right) = problem
+        windowed = (self.left, self.right) != encode_window((-1, -1))
+        spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
+                          self.splits > 1, keys_per_warp, stages)
+        self.decode = kernel_cache.get(spec).fn
+        self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
+                        if self.splits > 1 else None)
+
+    def seqlens(self, cache_seqlens: torch.Tensor | int | None, q: torch.Tensor,
+                k: torch.Tensor | None) -> torch.Tensor:
+        """Keys in each sequence's cache before the append, as an int32 tensor."""
+        if isinstance(cache_seqlens, torch.Tensor):
+            return cache_seqlens
+        filled = self.capacity - self.new_tokens if cache_seqlens is None else cache_seqlens
+        return torch.full((q.shape[0],), filled, dtype=torch.int32, device=q.device)
+
+    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                 out) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlens = self.seqlens(cache_seqlens, q, k)
+        if k is not None:
+            _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
+            seqlens = seqlens + k.shape[1]
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+        if not out.numel():
+            return out, lse
+        if self.combine is None:
+            self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
+                        self.scale, self.left, self.right, 1)
+            return out, lse
+        partial_out = torch.empty((self.splits * batch, seqlen_q, heads_q, head_dim),
+                                  dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty((self.splits * batch, heads_q, seqlen_q),
+                                  dtype=torch.float32, device=q.device)
+        self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
+                    partial_lse, self.scale, self.left, self.right, self.splits)
+        self.combine(partial_out, partial_lse, out, lse, self.splits)
+        return out, lse
 
 
 def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -178,31 +239,3 @@ def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: to
         rows = (batch[:, None].expand_as(positions), positions)
     k_cache.index_put_(rows, k)
     v_cache.index_put_(rows, v)
-
-
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, problem: tuple, paged: bool,
-            batch_idx: bool, capacity: int, num_splits: int) -> tuple:
-    """(decoding fn, combine fn or None, splits) of this call signature, built once."""
-    key = (q.shape, q.dtype, q.device, k_cache.shape[2], paged, batch_idx, capacity, problem,
-           num_splits)
-    found = _launches.get(key)
-    if found is not None:
-        return found
-    info = device.info(q.device)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    heads_kv = k_cache.shape[2]
-    keys_per_warp, stages = decode_tile(head_dim, info.arch)
-    block_n = keys_per_warp * DECODE_WARPS
-    tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
-    splits = num_splits or choose_splits(tiles * batch * heads_kv,
-                                         math.ceil(capacity / block_n), info.multiprocessors)
-    dtype = str(q.dtype).removeprefix("torch.")
-    windowed = problem[1] != encode_window((-1, -1))
-    spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed, splits > 1,
-                      keys_per_warp, stages)
-    combine = None
-    if splits > 1:
-        combine = kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
-    found = (kernel_cache.get(spec).fn, combine, splits)
-    remember(_launches, key, found)
-    return found

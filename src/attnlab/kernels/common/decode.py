@@ -127,12 +127,20 @@ class FlashDecode:
         if cutlass.const_expr(spec.batch_idx):
             cache_row = t.cache_batch_idx[batch]
         where = (batch, cache_row, head_kv, group)
-        self._gather(thr_load, gmem_load, sQ, TILE_ROWS, t, None, row0, rows, where)
+        self._gather_q(thr_load, gmem_load, sQ, t, row0, rows, where)
+        # Where this thread's rows of the next block to load sit in the cache (``_locate``),
+        # found a block ahead so a page-table read never stalls the copies.
+        rows_per_thread = cute.size(thr_load.partition_D(sK[None, None, 0]), mode=[1])
+        located = (cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32),
+                   cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
         for i in cutlass.range_constexpr(spec.kv_stages - 1):
             if n_first + i < n_last:
-                self._load_block(thr_load, gmem_load, t, sK, sV, n_first + i, i, seqlen_k,
-                                 where)
+                self._locate(located, thr_load, t, n_first + i, seqlen_k, where)
+                self._load_block(located, thr_load, gmem_load, t, sK, sV, n_first + i, i,
+                                 seqlen_k, where)
             cute.arch.cp_async_commit_group()
+        if n_first + spec.kv_stages - 1 < n_last:
+            self._locate(located, thr_load, t, n_first + spec.kv_stages - 1, seqlen_k, where)
 
         # ---- this warp's slice of every block: S = Q K^T, online softmax, O += P V ---------
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -169,9 +177,11 @@ class FlashDecode:
             # Every warp is past the block before: its stage takes the next one in.
             ahead = n_block + spec.kv_stages - 1
             if ahead < n_last:
-                self._load_block(thr_load, gmem_load, t, sK, sV, ahead,
+                self._load_block(located, thr_load, gmem_load, t, sK, sV, ahead,
                                  (it + spec.kv_stages - 1) % spec.kv_stages, seqlen_k, where)
             cute.arch.cp_async_commit_group()
+            if ahead + 1 < n_last:
+                self._locate(located, thr_load, t, ahead + 1, seqlen_k, where)
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_ROWS, kpw)),
                                           cutlass.Float32)
@@ -205,45 +215,70 @@ class FlashDecode:
         self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
 
     @cute.jit
-    def _load_block(self, thr_load, gmem_load: cute.TiledCopy, t: DecodeArgs, sK: cute.Tensor,
-                    sV: cute.Tensor, n_block, stage, seqlen_k, where: tuple):
-        """Start copying K/V block ``n_block`` into ring stage ``stage``."""
-        key0 = n_block * self.block_n
-        for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
-            self._gather(thr_load, gmem_load, smem[None, None, stage], self.block_n, t, cache,
-                         key0, seqlen_k, where)
+    def _locate(self, located: tuple, thr_load, t: DecodeArgs, n_block, seqlen_k,
+                where: tuple):
+        """(outer, inner) cache indices of this thread's rows of block ``n_block``: key
+        ``p`` of a paged cache sits at row ``p % page_size`` of page ``block_table[batch, p
+        // page_size]`` (the table is read only for keys of the sequence), of a contiguous
+        one at row ``p`` of cache row ``cache_row``."""
+        batch, cache_row, _, _ = where
+        outer, inner = located
+        coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
+        for m in cutlass.range_constexpr(cute.size(outer)):
+            p = n_block * self.block_n + coord[0, m, 0][0]
+            outer[m] = cache_row
+            inner[m] = p
+            if cutlass.const_expr(self.spec.paged):
+                page_size = t.k_cache.shape[1]
+                outer[m] = 0
+                if p < seqlen_k:
+                    outer[m] = t.block_table[batch, p // page_size]
+                inner[m] = p % page_size
 
     @cute.jit
-    def _gather(self, thr_load, gmem_load: cute.TiledCopy, smem: cute.Tensor,
-                tile_rows: cutlass.Constexpr, t: DecodeArgs, cache: cute.Tensor | None,
-                first, limit, where: tuple):
-        """Copy ``tile_rows`` rows into ``smem`` by ``cp.async``: rows ``first + r`` below
-        ``limit`` of the packed queries (``cache`` None) or of a K/V cache, zeros past it.
-        Packed query row ``p`` is position ``p // group`` of head ``head_kv * group + p %
-        group``; key ``p`` of a paged cache sits at row ``p % page_size`` of page
-        ``block_table[batch, p // page_size]``."""
-        batch, cache_row, head_kv, group = where
-        coord = thr_load.partition_S(cute.make_identity_tensor((tile_rows, self.head_dim)))
-        dst = thr_load.partition_D(smem)
-        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
-            p = first + coord[0, m, 0][0]
-            if p < limit:
-                if cutlass.const_expr(cache is None):
-                    row = t.q[batch, p // group, head_kv * group + p % group, None]
-                elif cutlass.const_expr(self.spec.paged):
-                    page_size = cache.shape[1]
-                    row = cache[t.block_table[batch, p // page_size], p % page_size, head_kv,
-                                None]
+    def _load_block(self, located: tuple, thr_load, gmem_load: cute.TiledCopy,
+                    t: DecodeArgs, sK: cute.Tensor, sV: cute.Tensor, n_block, stage, seqlen_k,
+                    where: tuple):
+        """Start copying K/V block ``n_block`` (rows ``_locate``d) into ring stage
+        ``stage``, zeros past the sequence."""
+        _, _, head_kv, _ = where
+        outer, inner = located
+        coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
+        for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
+            dst = thr_load.partition_D(smem[None, None, stage])
+            for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+                if n_block * self.block_n + coord[0, m, 0][0] < seqlen_k:
+                    self._copy_row(gmem_load, cache[outer[m], inner[m], head_kv, None], dst,
+                                   coord, m)
                 else:
-                    row = cache[cache_row, p, head_kv, None]
-                for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
-                    ptr = cute.make_ptr(self.dtype,
-                                        (row.iterator + coord[0, m, k][1]).toint(),
-                                        cute.AddressSpace.gmem, assumed_align=16)
-                    chunk = cute.make_tensor(ptr, dst[None, m, k].layout)
-                    cute.copy(gmem_load, chunk, dst[None, m, k])
+                    dst[None, m, None].fill(0)
+
+    @cute.jit
+    def _gather_q(self, thr_load, gmem_load: cute.TiledCopy, sQ: cute.Tensor,
+                  t: DecodeArgs, row0, rows, where: tuple):
+        """The tile's packed query rows into ``sQ`` (zeros past the last): packed row ``p``
+        is position ``p // group`` of head ``head_kv * group + p % group``."""
+        batch, _, head_kv, group = where
+        coord = thr_load.partition_S(cute.make_identity_tensor((TILE_ROWS, self.head_dim)))
+        dst = thr_load.partition_D(sQ)
+        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            p = row0 + coord[0, m, 0][0]
+            if p < rows:
+                self._copy_row(gmem_load, t.q[batch, p // group, head_kv * group + p % group,
+                                              None], dst, coord, m)
             else:
                 dst[None, m, None].fill(0)
+
+    @cute.jit
+    def _copy_row(self, gmem_load: cute.TiledCopy, row: cute.Tensor, dst: cute.Tensor,
+                  coord: cute.Tensor, m: cutlass.Constexpr):
+        """This thread's 16-byte chunks of one global row (``row``, D elements) into its
+        row ``m`` of ``dst`` by ``cp.async``."""
+        for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            ptr = cute.make_ptr(self.dtype, (row.iterator + coord[0, m, k][1]).toint(),
+                                cute.AddressSpace.gmem, assumed_align=16)
+            cute.copy(gmem_load, cute.make_tensor(ptr, dst[None, m, k].layout),
+                      dst[None, m, k])
 
     @cute.jit
     def _mask(self, acc_S: cute.Tensor, tScS: cute.Tensor, key0, row0, group, seqlen_q,

@@ -1,0 +1,93 @@
+"""Time decoding-kernel candidates (split counts, ring stages) on the GPU, device only.
+
+Usage (GPU): python scripts/decode_candidates.py [--out DIR]
+For a few points of ``attnlab bench --decode``'s grid, the default (what
+``attention_with_kvcache`` picks) against fixed split counts and a deeper K/V ring, all
+through the same kernels (``kernels/common/decode.py`` and the combine), round-robin on the
+same inputs; GB/s of K/V read, median of the runs. Results go to OUT/decode_candidates.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from attnlab import device, kernel_cache
+from attnlab.bench.decode import decode_sets, kv_bytes
+from attnlab.bench.runner import Point
+from attnlab.bench.timing import sample_interleaved, summarize
+from attnlab.decode import choose_splits, decode_tile
+from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
+
+POINTS = [Point(1, 1, 32768, 32, 128, heads_kv=8), Point(8, 1, 32768, 8, 128, heads_kv=1),
+          Point(64, 1, 32768, 32, 128, heads_kv=8), Point(1, 1, 4096, 32, 128, heads_kv=8)]
+
+
+def runner(point: Point, sets: list, paged: bool, splits: int, stages: int):
+    info = device.info(torch.device("cuda"))
+    kpw, _ = decode_tile(point.head_dim, info.arch)
+    spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
+                      kpw, stages)
+    decode = kernel_cache.get(spec).fn
+    combine = kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
+    b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
+    out = torch.empty(b, sq, hq, d, dtype=point.torch_dtype, device="cuda")
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
+    part = torch.empty(splits * b, sq, hq, d, dtype=torch.float32, device="cuda")
+    part_lse = torch.empty(splits * b, hq, sq, dtype=torch.float32, device="cuda")
+    left, right = encode_window((-1, -1))
+    scale = d ** -0.5
+
+    def run(i):
+        q, k, v, kp, vp, table, seqlens = sets[i]
+        kc, vc = (kp, vp) if paged else (k, v)
+        if splits == 1:
+            decode(q, kc, vc, seqlens, None, table if paged else None, out, lse, scale, left,
+                   right, 1)
+        else:
+            decode(q, kc, vc, seqlens, None, table if paged else None, part, part_lse, scale,
+                   left, right, splits)
+            combine(part, part_lse, out, lse, splits)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    info = device.info(torch.device("cuda"))
+    rows = []
+    for point in POINTS:
+        sets = decode_sets(point, info.l2_bytes, paged=True)
+        kpw, stages = decode_tile(point.head_dim, info.arch)
+        tiles = math.ceil(point.heads // point.kv_heads / 16)
+        auto = choose_splits(tiles * point.batch * point.kv_heads,
+                             math.ceil(point.seqlen_k / (kpw * DECODE_WARPS)),
+                             info.multiprocessors)
+        variants = {}
+        for paged in (False, True):
+            tag = "paged " if paged else ""
+            for splits in sorted({auto, max(1, auto // 2), min(64, 2 * auto)}):
+                for st in (2, 3):
+                    variants[f"{tag}splits={splits} stages={st}"] = runner(
+                        point, sets, paged, splits, st)
+        samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
+        line = [f"{point.label()} (auto splits {auto}):"]
+        for name, ms in samples.items():
+            gbs = kv_bytes(point) / (summarize(ms).median_ms * 1e-3) / 1e9
+            rows.append({"point": point.label(), "variant": name, "gbs": gbs})
+            line.append(f"{name} {gbs:.0f}")
+        print("  ".join(line), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decode_candidates.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
