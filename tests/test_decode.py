@@ -44,7 +44,7 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
     assert choose_splits(8, 256, 132) == 17      # B=1, 8 K/V heads: ~1 CTA per SM
     assert choose_splits(512, 256, 132) == 1     # the grid already fills the GPU
     assert choose_splits(8, 4, 132) == 4         # never more splits than K/V blocks
-    assert choose_splits(1, 10_000, 132) == 64   # capped
+    assert choose_splits(1, 10_000, 132) == 128  # capped
 
 
 # (arch, head dim, knobs): the variants a call can pick.
@@ -89,7 +89,7 @@ def _inputs(**changes):
 
 
 @pytest.mark.parametrize("changes, kwargs, error, message", [
-    ({}, {"num_splits": 65}, ValueError, "num_splits"),
+    ({}, {"num_splits": 129}, ValueError, "num_splits"),
     ({}, {"block_table": torch.zeros(2, 2, dtype=torch.int64)}, TypeError, "int32"),
     ({}, {"block_table": torch.zeros(3, 2, dtype=torch.int32)}, ValueError, "B, max_pages"),
     ({"k_cache": torch.randn(4, 8, 2, 64, dtype=torch.bfloat16),

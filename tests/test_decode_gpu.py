@@ -182,3 +182,53 @@ def test_opt_in_check_refuses_lengths_and_pages_out_of_range():
     with pytest.raises(ValueError, match="names pages outside"):
         attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, block_table=bad,
                                        check_cache=True)
+
+
+def _step_inputs(seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = torch.bfloat16
+    k_cache, v_cache, table = make_cache(2, 512, 2, 64, dt, gen, 64)
+    q = randn(2, 2, 8, 64, dtype=dt, gen=gen)
+    k, v = (randn(2, 2, 2, 64, dtype=dt, gen=gen) for _ in range(2))
+    return q, k_cache, v_cache, k, v, table
+
+
+def test_torch_compile_fullgraph_matches_eager_and_appends():
+    torch.compiler.reset()
+    q, k_cache, v_cache, k, v, table = _step_inputs(21)
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    seqlens = torch.tensor([100, 7], dtype=torch.int32, device="cuda")
+
+    def step(q, k_cache, v_cache, k, v, seqlens):
+        return attnlab.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                              block_table=table, causal=True, return_lse=True)
+
+    got, got_lse = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, k, v, seqlens)
+    want, want_lse = step(q, k_eager, v_eager, k, v, seqlens)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+def test_cuda_graph_replays_a_decode_step_with_new_lengths():
+    q, k_cache, v_cache, k, v, table = _step_inputs(22)
+    seqlens = torch.tensor([40, 300], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        attnlab.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                       block_table=table, num_splits=4, out=out)
+
+    step()  # builds the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lengths in ([0, 17], [255, 400]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.normal_()
+        k_eager, v_eager = k_cache.clone(), v_cache.clone()
+        out.fill_(math.nan)
+        graph.replay()
+        want = attnlab.attention_with_kvcache(q, k_eager, v_eager, k, v, cache_seqlens=seqlens,
+                                              block_table=table, num_splits=4)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(k_cache, k_eager)

@@ -25,6 +25,7 @@ from attnlab import device, kernel_cache
 from attnlab.config import SMEM_CAPACITY, ConfigError
 from attnlab.kernels.abi import (
     DECODE_WARPS,
+    UNBOUNDED_SIDE,
     CombineSpec,
     DecodeSpec,
     encode_window,
@@ -33,7 +34,7 @@ from attnlab.runtime import remember
 from attnlab.validation import check_kvcache_inputs, check_kvcache_values
 
 #: Largest split count (each split's partial output is a [B, Sq, Hq, D] fp32 tensor).
-MAX_SPLITS = 64
+MAX_SPLITS = 128
 #: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
 #: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
 CTAS_PER_SM = 1
@@ -123,6 +124,9 @@ def attention_with_kvcache(
             with what was expected.
         attnlab.ConfigError: no decoding tile fits this GPU at this head dim.
     """
+    if torch.compiler.is_compiling():
+        return _traced(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                       softmax_scale, causal, window_size, num_splits, return_lse, out)
     options = (softmax_scale, causal, window_size, num_splits)
     key, call = (None, None) if check_cache else _lookup(lambda: (
         _meta(q), _meta(k_cache), _meta(v_cache), _meta(k), _meta(v),
@@ -145,6 +149,48 @@ def attention_with_kvcache(
     out, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                     out)
     return (out, lse) if return_lse else out
+
+
+def _traced(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+            softmax_scale, causal, window_size, num_splits, return_lse, out):
+    """Under torch.compile: the custom op (validated here, at trace time, on fake tensors'
+    metadata), an ``out`` filled by a copy."""
+    scale, (left, right) = check_kvcache_inputs(
+        q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, num_splits=num_splits, out=out, check_pointers=False)
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=q.device)
+    result, lse = attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                    block_table, scale, left, right, num_splits)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return (result, lse) if return_lse else result
+
+
+@torch.library.custom_op("attnlab::attention_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      k: torch.Tensor | None, v: torch.Tensor | None,
+                      cache_seqlens: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
+                      block_table: torch.Tensor | None, softmax_scale: float, window_left: int,
+                      window_right: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention_with_kvcache`` as a custom op (what a compiled graph records): the
+    window as the kernels take it (``encode_window``); the caches are appended to."""
+    window = tuple(-1 if side >= UNBOUNDED_SIDE else side for side in (window_left,
+                                                                       window_right))
+    return attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                  cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                  softmax_scale=softmax_scale, window_size=window,
+                                  num_splits=num_splits, return_lse=True)
+
+
+@attention_kvcache.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, softmax_scale,
+      window_left, window_right, num_splits):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 
 def _meta(t: torch.Tensor | None) -> tuple | None:
