@@ -45,3 +45,24 @@ def test_metric_names_are_unique_and_qualified():
     names = list(all_metrics().values())
     assert len(names) == len(set(names))
     assert all("__" in name for name in names)
+
+
+def test_source_page_gives_stall_reasons_and_the_worst_instructions():
+    from attnlab.analysis.ncu import parse_source_csv
+
+    text = "\n".join([
+        '"Kernel Name","flash_kernel"',
+        '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier",'
+        '"stall_long_sb","stall_long_sb (Not Issued)","stall_math"',
+        '"0x7f10","HMMA.16816.F32.BF16 R4, R8, R12, R4","120","0","10","99","110"',
+        '"0x7f20","BAR.SYNC.DEFER_BLOCKING 0x0","300","290","10","0","0"',
+        '"0x7f30","LDGSTS.E.BYPASS.128 [R2], desc[UR4][R6.64]","1,500","0","1,400","7","100"',
+        '"0x7f40","EXIT","0","0","0","0","0"',
+    ])
+    report = parse_source_csv(text, "attnlab", top=8)
+    assert report.total == 1920
+    assert dict(report.by_reason) == {"stall_long_sb": 1420, "stall_barrier": 290,
+                                      "stall_math": 210}
+    assert [s.address for s in report.sites] == ["0x7f30", "0x7f20", "0x7f10"]
+    assert report.sites[0].reasons == (("stall_long_sb", 1400), ("stall_math", 100))
+    assert report.sites[0].sass.startswith("LDGSTS")

@@ -17,7 +17,16 @@ from attnlab.bench.report import (
     reference_tflops,
     write_json,
 )
-from attnlab.bench.runner import REFERENCE, Point, Result, harmonic_mean, ratios, tokens_grid
+from attnlab.bench.runner import (
+    CROSS_SHAPES,
+    REFERENCE,
+    Point,
+    Result,
+    cross_grid,
+    harmonic_mean,
+    ratios,
+    tokens_grid,
+)
 from attnlab.bench.timing import (
     HOLD_MS_PER_CALL,
     Timing,
@@ -181,6 +190,13 @@ def test_harmonic_mean():
     for bad in ([], [1.0, 0.0], [1.0, -2.0]):
         with pytest.raises(ValueError):
             harmonic_mean(bad)
+
+
+def test_cross_grid_is_the_seed_shapes_with_sq_not_sk():
+    points = cross_grid(8, 8, [64, 128], ["bfloat16"])
+    assert [(p.seqlen_q, p.seqlen_k) for p in points] == list(CROSS_SHAPES) * 2
+    assert all(p.seqlen_q != p.seqlen_k and not p.causal for p in points)
+    assert CROSS_SHAPES == ((256, 77), (1024, 256), (4096, 77))
 
 
 def test_tokens_grid_keeps_tokens_and_hidden():

@@ -7,11 +7,14 @@ to the target's kernel by name, and parses ncu's raw CSV page.
 
 from __future__ import annotations
 
+import collections
 import csv
+import dataclasses
 import io
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,3 +181,90 @@ def save_json(path: Path, profiles: list[KernelProfile]) -> Path:
     path.write_text(json.dumps([{**p.to_dict(), "derived": derived(p)} for p in profiles],
                                indent=1))
     return path
+
+
+# ---- per-instruction stall sampling (the source page) ------------------------------------
+#: The source page's column of all warp-state samples of an instruction.
+SAMPLES_COLUMN = "Warp Stall Sampling (All Samples)"
+
+
+@dataclass(frozen=True)
+class StallSite:
+    """One SASS instruction's warp-stall samples and its two largest reasons."""
+
+    address: str
+    sass: str
+    samples: int
+    reasons: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """ncu's warp-state sampling of one launch: samples in all, per reason, and the
+    instructions that collect the most (where a kernel waits, and on what)."""
+
+    impl: str
+    total: int
+    by_reason: tuple[tuple[str, int], ...]
+    sites: tuple[StallSite, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text.replace(",", ""))
+    except ValueError:
+        return 0
+
+
+def parse_source_csv(text: str, impl: str = "", top: int = 16) -> StallReport:
+    """``ncu -i REP --page source --csv --print-source sass``: per SASS line its samples
+    (``Warp Stall Sampling (All Samples)``) and per-reason counts (``stall_*`` columns, the
+    not-issued duplicates left out)."""
+    rows = [r for r in csv.reader(io.StringIO(text)) if r]
+    start = next(i for i, r in enumerate(rows) if SAMPLES_COLUMN in r)
+    header, data = rows[start], rows[start + 1:]
+    samples = header.index(SAMPLES_COLUMN)
+    reasons = [i for i, name in enumerate(header)
+               if name.startswith("stall_") and "Not Issued" not in name]
+    by_reason: collections.Counter[str] = collections.Counter()
+    for r in data:
+        for i in reasons:
+            by_reason[header[i]] += _count(r[i])
+    sites = []
+    for r in sorted(data, key=lambda r: -_count(r[samples]))[:top]:
+        if not _count(r[samples]):
+            break
+        worst = sorted(((_count(r[i]), header[i]) for i in reasons), reverse=True)[:2]
+        sites.append(StallSite(r[0].strip(), r[1].strip(), _count(r[samples]),
+                               tuple((name, n) for n, name in worst if n)))
+    return StallReport(impl, sum(_count(r[samples]) for r in data),
+                       tuple(by_reason.most_common(10)), tuple(sites))
+
+
+def stall_sampling(impl: str, target_args: list[str], *, timeout: int = 600,
+                   top: int = 16) -> StallReport:
+    """Warp-stall samples per instruction of one launch of ``impl`` (ncu's SourceCounters
+    section, then its source page), as ``profile`` runs it."""
+    try:
+        ncu = find_tool("ncu")
+    except RuntimeError as exc:
+        raise ProfilerUnavailable(f"Nsight Compute (ncu) is not installed: {exc}") from None
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "stalls"
+        command = [str(ncu), "--clock-control", "none", "--section", "SourceCounters",
+                   "--section", "WarpStateStats", "-k", KERNEL_FILTERS[impl], "-c", "1",
+                   "-o", str(report), sys.executable, "-m", "attnlab.bench.profile_target",
+                   "--impl", impl, *target_args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        source = subprocess.run([str(ncu), "-i", f"{report}.ncu-rep", "--page", "source",
+                                 "--csv", "--print-source", "sass"], capture_output=True,
+                                text=True, timeout=timeout)
+    if done.returncode != 0 or SAMPLES_COLUMN not in source.stdout:
+        detail = (done.stderr or source.stderr or done.stdout).strip().splitlines()[-5:]
+        raise ProfilerUnavailable(f"ncu could not sample {impl}'s stalls (exit "
+                                  f"{done.returncode}): " + " | ".join(detail))
+    return parse_source_csv(source.stdout, impl, top)
+

@@ -125,6 +125,18 @@ def tokens_grid(tokens: int, hidden: int, seqlens: Iterable[int], head_dims: Ite
     return points
 
 
+#: Seed 004's cross-attention shapes (Sq x Sk): image tokens attending to a CLIP-77 text
+#: context or to a 256-token latent.
+CROSS_SHAPES: tuple[tuple[int, int], ...] = ((256, 77), (1024, 256), (4096, 77))
+
+
+def cross_grid(batch: int, heads: int, head_dims: Iterable[int], dtypes: Iterable[str]
+               ) -> list[Point]:
+    """Cross-attention points: every ``CROSS_SHAPES`` (Sq, Sk), head dim and dtype."""
+    return [Point(batch, sq, sk, heads, head_dim, dtype)
+            for dtype in dtypes for head_dim in head_dims for sq, sk in CROSS_SHAPES]
+
+
 def attnlab_impl(config: FlashConfig | None = None) -> AttentionFn:
     """attnlab as a user calls it: ``attention()``, which allocates its output, with
     ``config`` or (None) the config it picks for the problem."""

@@ -103,6 +103,9 @@ def bench(
     decode: bool = typer.Option(False, help="Time decoding steps against a KV cache instead: "
                                 "--batches x --cache-lens x GQA 32/8 and 8/1, hd128, in GB/s "
                                 "of K/V read and % of the DRAM read rate."),
+    cross: bool = typer.Option(False, help="Cross-attention instead: seed 004's Sq x Sk shapes "
+                               "(256 x 77, 1024 x 256, 4096 x 77), batch 8, 8 heads, "
+                               "--head-dims."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
     cache_lens: str = typer.Option("4096,32768", "--cache-lens",
                                    help="With --decode: comma-separated cache lengths."),
@@ -115,7 +118,7 @@ def bench(
     import dataclasses
 
     from attnlab.bench.report import bench_table, plot_bench, write_json
-    from attnlab.bench.runner import measure_grid, tokens_grid, training_impl
+    from attnlab.bench.runner import cross_grid, measure_grid, tokens_grid, training_impl
 
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),
@@ -129,9 +132,12 @@ def bench(
         return
     if quick:
         seqlens, head_dims, dtypes, runs, mode = QUICK_SEQLENS, "128", "bf16", 20, "full"
-    points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
-                         parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes),
-                         parse_mode(mode), gqa)
+    if cross:
+        points = cross_grid(8, 8, parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes))
+    else:
+        points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
+                             parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes),
+                             parse_mode(mode), gqa)
     implementations = _bench_impls(config, impls)
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)

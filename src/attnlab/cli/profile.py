@@ -49,6 +49,9 @@ def profile_command(
     causal: bool = typer.Option(False, help="Causal mask (bottom-right; Sq == Sk here)."),
     peers: str = typer.Option("sdpa_flash", help="Comma-separated peers profiled beside it: "
                               f"{', '.join(PEERS)} (empty for none)."),
+    stalls: bool = typer.Option(False, help="Also sample warp stalls per SASS instruction "
+                                "(ncu's source counters): the reasons and the instructions "
+                                "with the most samples, per implementation."),
     out: Path = OUT_OPTION,
 ) -> None:
     """Nsight Compute metrics of one launch: bank conflicts, stalls, pipes, opcodes, bytes."""
@@ -95,6 +98,42 @@ def profile_command(
     out.mkdir(parents=True, exist_ok=True)
     stem = f"profile_{Path(config).stem}{'_causal' if causal else ''}_{'x'.join(map(str, dims))}"
     console.print(f"wrote {save_json(out / f'{stem}.json', profiles)}")
+    if stalls:
+        _stall_tables(config, dims, dtype_name, peer_names, causal, out / f"{stem}_stalls.json")
+
+
+def _stall_tables(config: str, shape: tuple[int, ...], dtype: str, peers: list[str],
+                  causal: bool, path: Path) -> None:
+    import json
+
+    from attnlab.analysis.ncu import ProfilerUnavailable, stall_sampling
+
+    target = ["--config", config, "--shape", ",".join(map(str, shape)), "--dtype", dtype]
+    if causal:
+        target.append("--causal")
+    reports = []
+    for impl in ["attnlab", *peers]:
+        try:
+            with console.status(f"sampling {impl}'s stalls"):
+                report = stall_sampling(impl, target)
+        except ProfilerUnavailable as exc:
+            console.print(f"[red]{exc}[/red]")
+            continue
+        reports.append(report)
+        table = Table(title=f"{impl}: {report.total} warp-stall samples; the instructions "
+                      "with the most", title_justify="left")
+        for column in ("samples", "share", "address", "SASS", "top reasons"):
+            table.add_column(column, justify="right" if column in ("samples", "share")
+                             else "left")
+        for site in report.sites:
+            table.add_row(str(site.samples), f"{site.samples / report.total:.1%}",
+                          site.address, site.sass[:60],
+                          ", ".join(f"{name} {n}" for name, n in site.reasons))
+        console.print(table)
+        console.print("by reason: " + ", ".join(
+            f"{name} {n / report.total:.0%}" for name, n in report.by_reason[:6]))
+    path.write_text(json.dumps([r.to_dict() for r in reports], indent=1))
+    console.print(f"wrote {path}")
 
 
 EDIT_OPTION = typer.Option(
