@@ -83,14 +83,17 @@ class FlashDecode:
                                   (1, 1, 1), permutation_mnk=(16, 16, 16))
         group = q.shape[2] // k_cache.shape[2]
         rows = q.shape[1] * group
+        # A page's row from a key index: one multiply-shift instead of a division per row.
+        pages = cute.FastDivmodDivisorV2(k_cache.shape[1]) if spec.paged else None
         self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
-                    SharedStorage, group).launch(
+                    SharedStorage, group, pages).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
             block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
-               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, group: cutlass.Int32):
+               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, group: cutlass.Int32,
+               pages: cute.FastDivmodDivisorV2 | None):
         D, spec = self.head_dim, self.spec
         B_n, kpw = self.block_n, spec.keys_per_warp
         tidx, _, _ = cute.arch.thread_idx()
@@ -126,7 +129,7 @@ class FlashDecode:
         cache_row = batch
         if cutlass.const_expr(spec.batch_idx):
             cache_row = t.cache_batch_idx[batch]
-        where = (batch, cache_row, head_kv, group)
+        where = (batch, cache_row, head_kv, group, pages)
         self._gather_q(thr_load, gmem_load, sQ, t, row0, rows, where)
         # Where this thread's rows of the next block to load sit in the cache (``_locate``),
         # found a block ahead so a page-table read never stalls the copies.
@@ -221,7 +224,7 @@ class FlashDecode:
         ``p`` of a paged cache sits at row ``p % page_size`` of page ``block_table[batch, p
         // page_size]`` (the table is read only for keys of the sequence), of a contiguous
         one at row ``p`` of cache row ``cache_row``."""
-        batch, cache_row, _, _ = where
+        batch, cache_row, _, _, pages = where
         outer, inner = located
         coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
         for m in cutlass.range_constexpr(cute.size(outer)):
@@ -229,11 +232,10 @@ class FlashDecode:
             outer[m] = cache_row
             inner[m] = p
             if cutlass.const_expr(self.spec.paged):
-                page_size = t.k_cache.shape[1]
+                page, inner[m] = divmod(p, pages)
                 outer[m] = 0
                 if p < seqlen_k:
-                    outer[m] = t.block_table[batch, p // page_size]
-                inner[m] = p % page_size
+                    outer[m] = t.block_table[batch, page]
 
     @cute.jit
     def _load_block(self, located: tuple, thr_load, gmem_load: cute.TiledCopy,
@@ -241,7 +243,7 @@ class FlashDecode:
                     where: tuple):
         """Start copying K/V block ``n_block`` (rows ``_locate``d) into ring stage
         ``stage``, zeros past the sequence."""
-        _, _, head_kv, _ = where
+        head_kv = where[2]
         outer, inner = located
         coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
         for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
@@ -258,7 +260,7 @@ class FlashDecode:
                   t: DecodeArgs, row0, rows, where: tuple):
         """The tile's packed query rows into ``sQ`` (zeros past the last): packed row ``p``
         is position ``p // group`` of head ``head_kv * group + p % group``."""
-        batch, _, head_kv, group = where
+        batch, _, head_kv, group, _ = where
         coord = thr_load.partition_S(cute.make_identity_tensor((TILE_ROWS, self.head_dim)))
         dst = thr_load.partition_D(sQ)
         for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):

@@ -16,6 +16,7 @@ from attnlab.kernels.common.tensors import element_type
 
 THREADS = 128
 VEC = 4
+SPLITS_UNROLL = 8
 
 
 class DecodeCombine:
@@ -49,13 +50,15 @@ class DecodeCombine:
         batch = index // (heads * seqlen_q)
         if tidx < per_cta * per_row and batch < batch_size:
             top = -cutlass.Float32.inf
-            for i in cutlass.range(t.num_splits, unroll=1):
+            # Unrolled: the splits' loads are independent, and with many splits over few rows
+            # a rolled loop waits out one memory latency per split.
+            for i in cutlass.range(t.num_splits, unroll=SPLITS_UNROLL):
                 top = cute.arch.fmax(top, t.partial_lse[i * batch_size + batch, head, pos])
             safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
             total = cutlass.Float32(0.0)
             acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
             acc.fill(0.0)
-            for i in cutlass.range(t.num_splits, unroll=1):
+            for i in cutlass.range(t.num_splits, unroll=SPLITS_UNROLL):
                 split_row = i * batch_size + batch
                 weight = cute.math.exp(t.partial_lse[split_row, head, pos] - safe_top,
                                        fastmath=True)
