@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
@@ -211,10 +211,33 @@ class BackwardSpec:
                    data["head_dim"], data["windowed"], data["varlen"], data["deterministic"])
 
 
+class FlatSpec:
+    """A spec whose fields are all plain values: serialised as its fields and its ``KIND``,
+    its ``variant()`` the suffixes of its set ``FLAGS``."""
+
+    KIND: ClassVar[str]
+    #: (suffix, field name) of each boolean that names a variant.
+    FLAGS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def variant(self) -> str:
+        return "".join(suffix for suffix, name in self.FLAGS if getattr(self, name))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.KIND, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return cls(**{k: v for k, v in data.items() if k != "kind"})
+
+
 @dataclass(frozen=True)
-class PreprocessSpec:
+class PreprocessSpec(FlatSpec):
     """The backward's preprocess kernel (``kernels/common/bwd_preprocess.py``): what it is
     specialised on. ``with_dlse``: the LSE's gradient is subtracted from D."""
+
+    KIND: ClassVar[str] = "preprocess"
+    FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (("_varlen", "varlen"),
+                                                    ("_dlse", "with_dlse"))
 
     arch: str
     dtype: str
@@ -225,19 +248,6 @@ class PreprocessSpec:
     @property
     def label(self) -> str:
         return "bwd_preprocess"
-
-    def variant(self) -> str:
-        return "".join(name for name, on in (("_varlen", self.varlen),
-                                             ("_dlse", self.with_dlse)) if on)
-
-    def to_dict(self) -> dict[str, object]:
-        return {"kind": "preprocess", "arch": self.arch, "dtype": self.dtype,
-                "head_dim": self.head_dim, "varlen": self.varlen, "with_dlse": self.with_dlse}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PreprocessSpec:
-        return cls(data["arch"], data["dtype"], data["head_dim"], data["varlen"],
-                   data["with_dlse"])
 
 
 class PreprocessArgs(NamedTuple):
@@ -267,7 +277,7 @@ def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
 
 
 @dataclass(frozen=True)
-class DecodeSpec:
+class DecodeSpec(FlatSpec):
     """The split-KV decoding kernel (``kernels/common/decode.py``): what it is specialised
     on. ``paged``: the cache is ``[pages, page_size, Hkv, D]`` read through a block table
     (else ``[B_cache, S_cache, Hkv, D]``, optionally through ``cache_batch_idx``);
@@ -276,6 +286,11 @@ class DecodeSpec:
     and LSEs for the combine kernel instead of the output; ``keys_per_warp``: each warp's
     slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
     the blocks in flight."""
+
+    KIND: ClassVar[str] = "decode"
+    FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
+        ("_split", "split"))
 
     arch: str
     dtype: str
@@ -290,19 +305,6 @@ class DecodeSpec:
     @property
     def label(self) -> str:
         return f"decode({self.keys_per_warp * DECODE_WARPS}, {self.kv_stages})"
-
-    def variant(self) -> str:
-        return "".join(name for name, on in (("_paged", self.paged),
-                                             ("_batch_idx", self.batch_idx),
-                                             ("_win", self.windowed),
-                                             ("_split", self.split)) if on)
-
-    def to_dict(self) -> dict[str, object]:
-        return {"kind": "decode", **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DecodeSpec:
-        return cls(**{k: v for k, v in data.items() if k != "kind"})
 
 
 #: Warps of a decoding CTA: each takes its own slice of every K/V block.
@@ -360,9 +362,11 @@ def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
 
 
 @dataclass(frozen=True)
-class CombineSpec:
+class CombineSpec(FlatSpec):
     """The kernel that merges a split decoding's partial outputs by their LSEs
     (``kernels/common/decode_combine.py``)."""
+
+    KIND: ClassVar[str] = "decode_combine"
 
     arch: str
     dtype: str
@@ -371,16 +375,6 @@ class CombineSpec:
     @property
     def label(self) -> str:
         return "decode_combine"
-
-    def variant(self) -> str:
-        return ""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"kind": "decode_combine", **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CombineSpec:
-        return cls(data["arch"], data["dtype"], data["head_dim"])
 
 
 class CombineArgs(NamedTuple):
