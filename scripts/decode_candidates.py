@@ -1,10 +1,12 @@
-"""Time decoding-kernel candidates (split counts, ring stages) on the GPU, device only.
+"""Time decoding-kernel candidates (block keys, split counts, ring stages) on the GPU, device
+only.
 
 Usage (GPU): python scripts/decode_candidates.py [--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
-``attention_with_kvcache`` picks) against fixed split counts and a deeper K/V ring, all
-through the same kernels (``kernels/common/decode.py`` and the combine), round-robin on the
-same inputs; GB/s of K/V read, median of the runs. Results go to OUT/decode_candidates.json.
+``attention_with_kvcache`` picks) against 64-key blocks, other split counts and a deeper K/V
+ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
+round-robin on the same inputs; GB/s of K/V read, median of the runs. Results go to
+OUT/decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from attnlab.bench.timing import sample_interleaved, summarize
 from attnlab.decode import choose_splits, decode_tile
 from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
 
-POINTS = [Point(1, 1, 32768, 32, 128, heads_kv=8), Point(8, 1, 32768, 8, 128, heads_kv=1),
-          Point(64, 1, 32768, 32, 128, heads_kv=8), Point(1, 1, 4096, 32, 128, heads_kv=8)]
+POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, heads_kv=1),
+          Point(1, 1, 131072, 8, 128, heads_kv=1), Point(1, 1, 4096, 32, 128, heads_kv=8),
+          Point(8, 1, 4096, 32, 128, heads_kv=8), Point(8, 1, 32768, 32, 128, heads_kv=8)]
 
 
-def runner(point: Point, sets: list, paged: bool, splits: int, stages: int):
+def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int):
     info = device.info(torch.device("cuda"))
-    kpw, _ = decode_tile(point.head_dim, info.arch)
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
                       kpw, stages)
     decode = kernel_cache.get(spec).fn
@@ -70,12 +72,12 @@ def main() -> None:
                              math.ceil(point.seqlen_k / (kpw * DECODE_WARPS)),
                              info.multiprocessors)
         variants = {}
-        for paged in (False, True):
-            tag = "paged " if paged else ""
-            for splits in sorted({auto, max(1, auto // 2), min(64, 2 * auto)}):
-                for st in (2, 3):
-                    variants[f"{tag}splits={splits} stages={st}"] = runner(
-                        point, sets, paged, splits, st)
+        # (keys per warp, stages, splits): the default, then 64-key blocks (half the shared
+        # memory: two CTAs per SM) with as many and with twice the splits.
+        for kpw_, st, splits in ((kpw, stages, auto), (16, 2, auto), (16, 2, min(128, 2 * auto)),
+                                 (16, 3, min(128, 2 * auto)), (kpw, stages, max(1, auto // 2))):
+            variants[f"kpw={kpw_} stages={st} splits={splits}"] = runner(
+                point, sets, False, splits, st, kpw_)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
         line = [f"{point.label()} (auto splits {auto}):"]
         for name, ms in samples.items():
