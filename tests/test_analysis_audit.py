@@ -17,7 +17,10 @@ def test_the_inventory_holds_every_family_attnlab_builds():
     for arch in ("sm_80", "sm_90a"):
         families = audit.inventory(arch)
         assert list(families) == ["forward ladder", "forward defaults", "backward",
-                                  "backward preprocess"]
+                                  "backward preprocess", "decode"]
+        # Each head dim's four decoding variants (contiguous / paged, whole / split) and its
+        # combine.
+        assert len(families["decode"]) == 5 * 6
         assert all(families.values())
         assert all(isinstance(s, ForwardSpec) for s in families["forward defaults"].values())
         assert all(isinstance(s, BackwardSpec) for s in families["backward"].values())

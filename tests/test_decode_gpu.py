@@ -77,6 +77,8 @@ CASES = [
     (4, 1, 32, 8, 96, 32, (-1, -1)),        # hd96
     (2, 5, 12, 4, 128, None, (-1, 0)),      # 15 packed rows: one tile
     (1, 7, 16, 4, 64, None, (-1, 0)),       # 28 packed rows: two tiles
+    (2, 1, 8, 2, 32, None, (-1, -1)),       # hd32
+    (1, 2, 16, 4, 192, 32, (-1, 0)),        # hd192, paged, causal
 ]
 
 

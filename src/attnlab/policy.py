@@ -9,8 +9,14 @@ in ``docs/ladder.md`` that measured it.
 from __future__ import annotations
 
 from attnlab.backward_config import backward_head_dims, default_backward
-from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, FlashConfig
-from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
+from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, ConfigError, FlashConfig
+from attnlab.kernels.abi import (
+    BackwardSpec,
+    CombineSpec,
+    DecodeSpec,
+    ForwardSpec,
+    PreprocessSpec,
+)
 from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family, k07_for
 
 #: What the default changes on the sm_90 family per (head dim, windowed, dtype), each measured
@@ -151,4 +157,23 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
                           for windowed in (False, True)]
                 specs += [PreprocessSpec(arch, dtype, head_dim, varlen, with_dlse)
                           for with_dlse in (False, True)]
+    return specs
+
+
+def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
+    """The decoding kernels a call may build on ``arch``, bf16: every head dim whose tile fits,
+    contiguous and paged, whole and split, and the combine (``attnlab audit``'s family; the
+    masked and ``cache_batch_idx`` variants differ only in their row addressing)."""
+    from attnlab.decode import decode_tile
+
+    specs: list[DecodeSpec | CombineSpec] = []
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        try:
+            keys_per_warp, stages = decode_tile(head_dim, arch)
+        except ConfigError:
+            continue
+        specs += [DecodeSpec(arch, "bfloat16", head_dim, paged, False, False, split,
+                             keys_per_warp, stages)
+                  for paged in (False, True) for split in (False, True)]
+        specs.append(CombineSpec(arch, "bfloat16", head_dim))
     return specs

@@ -17,9 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab import ladder, policy
-from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
+from attnlab.kernels.abi import (
+    BackwardSpec,
+    CombineSpec,
+    DecodeSpec,
+    ForwardSpec,
+    PreprocessSpec,
+)
 
-Spec = ForwardSpec | BackwardSpec | PreprocessSpec
+Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
 
 
 def _label(spec: Spec) -> str:
@@ -27,6 +33,8 @@ def _label(spec: Spec) -> str:
     if isinstance(spec, PreprocessSpec):
         return f"preprocess {head}{' varlen' if spec.varlen else ''}" \
                f"{' dlse' if spec.with_dlse else ''}"
+    if isinstance(spec, (DecodeSpec, CombineSpec)):
+        return f"{spec.label} {head}{spec.variant()}"
     return f"{spec.config.short_name()} {head}{spec.variant()}"
 
 
@@ -36,7 +44,8 @@ def inventory(arch: str) -> dict[str, dict[str, Spec]]:
         "forward ladder": {f"{name} hd128": ForwardSpec(config, arch, "bfloat16", 128, False)
                            for name, config in ladder.named_for(arch, 128).items()},
         "forward defaults": {_label(s): s for s in policy.default_specs(arch)},
-        "backward": {}, "backward preprocess": {}}
+        "backward": {}, "backward preprocess": {},
+        "decode": {_label(s): s for s in policy.decode_specs(arch)}}
     for spec in policy.default_backward_specs(arch):
         family = "backward preprocess" if isinstance(spec, PreprocessSpec) else "backward"
         families[family][_label(spec)] = spec
