@@ -215,6 +215,7 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.config_for(device, causal)
     assert chosen == policy.default_for("sm_90a", 128, windowed=True)
+    chosen_plain = dispatch.config_for(device, problem(4096))
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
     assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
     hd32 = dataclasses.replace(problem(4096), head_dim=32)
@@ -228,6 +229,14 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
         short = dispatch.config_for(device, dataclasses.replace(hd64, seqlen_q=seqlen))
         assert (short.block_m, short.lpt) == (rows, lpt), seqlen
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_q=1024)).block_m == 192
+    # Cross-attention to at most 80 keys: one 80-key block at hd64/128, unmasked only.
+    clip = dataclasses.replace(problem(4096), seqlen_k=77)
+    assert dispatch.config_for(device, clip) == chosen_plain.replace(block_n=80, fence_p=True)
+    assert dispatch.config_for(device, dataclasses.replace(clip, seqlen_k=81)) == chosen_plain
+    assert dispatch.config_for(device, dataclasses.replace(clip, window=(-1, 0))) == chosen
+    assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_k=77)).block_n == 128
+    assert all(s.config.block_n == 80 for s in policy.default_specs("sm_90a")
+               if s.config.fence_p and s.head_dim in (64, 128))
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
 from attnlab.device import DeviceInfo, arch_of
-from attnlab.policy import default_for
+from attnlab.policy import SHORT_KV_SEQLEN, default_for
 
 if TYPE_CHECKING:
     from attnlab.tune.cache import TuneCache, TuneKey
@@ -56,16 +56,19 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     from attnlab.tune.cache import seqlen_bucket
 
     bucket = seqlen_bucket(problem.seqlen_q)
-    key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen, bucket)
+    short_kv = problem.seqlen_k <= SHORT_KV_SEQLEN
+    key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen, bucket,
+           short_kv)
     config = _chosen.get(key)
     if config is None:
-        config = _chosen[key] = _choose(gpu, problem, bucket)
+        config = _chosen[key] = _choose(gpu, problem, bucket, short_kv)
     return config
 
 
-def _choose(gpu: DeviceInfo, problem: Problem, bucket: int) -> FlashConfig:
+def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> FlashConfig:
     """The choice for ``problem``, whose query length falls in ``bucket`` (the choice is
-    memoised by bucket, so the default is looked up by it too)."""
+    memoised by bucket, so the default is looked up by it too) and whose keys number at most
+    ``policy.SHORT_KV_SEQLEN`` when ``short_kv``."""
     dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not
     # speak for it (their best knobs differ, docs/ladder.md).
@@ -77,4 +80,4 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int) -> FlashConfig:
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
         return tuned
     return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
-                       bucket)
+                       bucket, short_kv)

@@ -86,6 +86,12 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     256: {"block_n": 64, "kv_stages": 2},
 }
 LONG_MASKED_SEQLEN = 4096
+#: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
+#: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
+#: cross shapes, device only): +8-13 % at 77 keys (`docs/measurement.md`, sixteenth session).
+SHORT_KV_SEQLEN = 80
+_SHORT_KV_TILE = {"block_n": 80, "fence_p": True}
+_SHORT_KV_HEAD_DIMS = (64, 128)
 _FA3_SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
     key: {**tile, **_FA3_SCHEDULE} for key, tile in _WGMMA_TILES.items()}
@@ -95,10 +101,11 @@ SM90A_SHORT_MASKED_KNOBS: dict[int, dict[str, object]] = {
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
                 dtype: str = "bfloat16", varlen: bool = False,
-                seqlen: int | None = None) -> FlashConfig:
+                seqlen: int | None = None, short_kv: bool = False) -> FlashConfig:
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
     warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
-    ``seqlen`` below ``LONG_MASKED_SEQLEN``, ``SM90A_SHORT_MASKED_KNOBS``); otherwise
+    ``seqlen`` below ``LONG_MASKED_SEQLEN``, ``SM90A_SHORT_MASKED_KNOBS``; unmasked with at
+    most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
@@ -106,7 +113,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         short = windowed and seqlen is not None and seqlen < LONG_MASKED_SEQLEN
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
-        return HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
+        config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
+        if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
+            config = config.replace(**_SHORT_KV_TILE)
+        return config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 
@@ -137,8 +147,10 @@ def default_specs(arch: str) -> list[ForwardSpec]:
     specs = []
     for head_dim in SUPPORTED_HEAD_DIMS:
         for dtype in SUPPORTED_DTYPES:
-            for windowed, seqlen in ((False, None), (True, None), (True, 1)):
-                config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen)
+            for windowed, seqlen, short_kv in ((False, None, False), (True, None, False),
+                                               (True, 1, False), (False, None, True)):
+                config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen,
+                                     short_kv=short_kv)
                 specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
                                       with_lse=with_lse) for with_lse in (False, True)]
     return list(dict.fromkeys(specs))
