@@ -117,3 +117,13 @@ def _inputs(**changes):
 def test_bad_inputs_are_refused_before_any_kernel(changes, kwargs, error, message):
     with pytest.raises(error, match=message):
         attnlab.attention_with_kvcache(**_inputs(**changes), **kwargs)
+
+
+def test_inputs_that_require_grad_are_refused_with_a_pointer_to_attention():
+    args = _inputs()
+    args["q"].requires_grad_(True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        attnlab.attention_with_kvcache(**args)
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        attnlab.attention_with_kvcache(**args)  # past the grad check: the CPU tensors
+

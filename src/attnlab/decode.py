@@ -123,8 +123,17 @@ def attention_with_kvcache(
     Raises:
         TypeError, ValueError: malformed inputs (shapes, dtypes, layouts, devices, options),
             with what was expected.
+        RuntimeError: an input requires grad while grad mode is on (decoding has no backward).
         attnlab.ConfigError: no decoding tile fits this GPU at this head dim.
     """
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, k_cache, v_cache, k, v)):
+        # No backward for decoding: a result without a graph would make loss.backward() fail
+        # far from here, or leave these inputs' gradients silently out.
+        raise RuntimeError("attention_with_kvcache is not differentiable (inference only): "
+                           "call it under torch.no_grad() / torch.inference_mode(), or with "
+                           "inputs that do not require grad; for training use "
+                           "attnlab.attention")
     if torch.compiler.is_compiling():
         return _traced(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                        softmax_scale, causal, window_size, num_splits, return_lse, out)
