@@ -285,12 +285,19 @@ def sass(
 # ---------------------------------------------------------------------------------------------
 # attnlab banks
 # ---------------------------------------------------------------------------------------------
+TRADEOFF_GPU_OPTION = typer.Option(
+    None, "--gpu", help="With --vs: predict CONFIG2's speedup over CONFIG on this GPU from "
+    "their conflicts and occupancy (seed 004's Observation O trade-off; compiles both).")
+
+
 @app.command()
 def banks(
     config: str = CONFIG_ARG,
     vs: str | None = VS_OPTION,
     head_dim: int = HEAD_DIM_OPTION,
     as_json: bool = JSON_OPTION,
+    gpu: str | None = TRADEOFF_GPU_OPTION,
+    artifacts: Path | None = ARTIFACTS_OPTION,
 ) -> None:
     """Static bank-conflict model of every shared-memory access of a config: wavefronts per
     instruction (ideal in brackets) and conflict ways per phase."""
@@ -335,6 +342,32 @@ def banks(
     console.print(table)
     console.print("ideal: one wavefront per phase. ways/phase: wavefronts of each phase of one "
                   "instruction; 1 = conflict-free, 8 = the seeds' 8-way conflicts. Static model.")
+    if gpu is not None and vs is not None:
+        _print_tradeoff(console, [spec for spec, _ in specs], _gpu(gpu), head_dim, artifacts)
+
+
+def _print_tradeoff(console: Console, names: list[str], gpu: GpuSpec, head_dim: int,
+                    artifacts: Path | None) -> None:
+    from attnlab.analysis.padding import layout_cost, pad_tradeoff
+
+    arch = _compile_arch(gpu)
+    built = [_build(name, hint, arch, "bfloat16", head_dim, artifacts)
+             for name, hint in zip(names, ("CONFIG", "--vs"), strict=True)]
+    costs = [layout_cost(k.label, k.config, head_dim, gpu, k.resources.registers,
+                         k.resources.shared_bytes) for k in built]
+    prediction = pad_tradeoff(*costs, gpu)
+    table = Table(title=f"Observation O's trade-off on {gpu.name} ({arch}): per warp and K/V "
+                  "block", title_justify="left")
+    for column in ("config", "warps/SM", "smem wavefronts", "MMAs", "modelled cycles",
+                   "limited by"):
+        table.add_column(column, justify="left" if column in ("config", "limited by")
+                         else "right")
+    for c in costs:
+        table.add_row(c.label, str(c.warps_per_sm), str(c.wavefronts), str(c.mmas),
+                      f"{c.cycles:.0f}", c.limited_by)
+    console.print(table)
+    console.print(f"predicted speedup of {costs[1].label} over {costs[0].label}: "
+                  f"{prediction.speedup:.2f}x (a screening model: analysis/padding.py)")
 
 
 # ---------------------------------------------------------------------------------------------
