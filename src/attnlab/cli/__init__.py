@@ -1,8 +1,9 @@
 """The ``attnlab`` command line: thin typer commands over library functions that tests call too.
 
 Commands live in one module per concern and register themselves on ``app``:
-``measure`` (bench, ladder, tune), ``explain`` (sass, banks, occupancy), ``profile``
-(profile, roofline: Nsight Compute on a GPU) and ``cache`` (the compiled-kernel cache).
+``measure`` (bench, ladder, tune), ``explain`` (sass, banks, occupancy, audit), ``profile``
+(profile, roofline, patch: Nsight Compute and timing on a GPU), ``cache`` (the compiled-kernel
+cache) and ``study`` (the lab's studies).
 """
 
 from __future__ import annotations
@@ -17,6 +18,6 @@ app = typer.Typer(
 )
 
 # Imported for their side effect of registering commands on ``app``.
-from attnlab.cli import cache, explain, measure, profile  # noqa: E402,F401
+from attnlab.cli import cache, explain, measure, profile, study  # noqa: E402,F401
 
 __all__ = ["app"]

@@ -1,0 +1,66 @@
+"""``attnlab study``: the lab's studies (``attnlab.studies``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnlab.cli import app
+from attnlab.cli.measure import OUT_OPTION, parse_ints, progress_bar, require_gpu
+
+study_app = typer.Typer(help="The lab's studies: memory layouts and tools.",
+                        no_args_is_help=True)
+app.add_typer(study_app, name="study")
+console = Console()
+
+
+def _modes(text: str) -> list[tuple[int, int]]:
+    try:
+        modes = [tuple(int(v) for v in part.split("x")) for part in text.split(",") if part]
+    except ValueError:
+        modes = []
+    if not modes or any(len(m) != 2 or m[0] < 0 or m[1] < 1 for m in modes):
+        raise typer.BadParameter(f"expected modes as NxM[,NxM...] with n >= 0, m >= 1, got "
+                                 f"{text!r}", param_hint="--modes")
+    return modes  # type: ignore[return-value]
+
+
+@study_app.command("cymatic")
+def cymatic_command(
+    grids: str = typer.Option("2048,8192", help="Comma-separated grid sizes (cells per side); "
+                              "8192^2 is a 210 MB buffer, past the H100's 50 MB L2."),
+    modes: str = typer.Option("6x4,5x4", help="Membrane modes n x m (the seed's default 6x4, "
+                              "its best universal 5x4)."),
+    runs: int = typer.Option(11, min=3, help="Timed runs per trace and layout (median)."),
+    out: Path = OUT_OPTION,
+) -> None:
+    """Seed 004's memory-layout study: the same gather traces through a row-major and a
+    cymatic (membrane-mode) address map of a disc; speedup of the cymatic layout per trace."""
+    from attnlab.studies import cymatic
+
+    grid_sizes = parse_ints(grids, "--grids")
+    mode_list = _modes(modes)
+    require_gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with progress_bar() as progress:
+        task = progress.add_task("gather traces", total=len(grid_sizes) * len(mode_list) * 15)
+        for grid in grid_sizes:
+            rows += cymatic.measure(grid, mode_list, runs, lambda: progress.advance(task))
+    columns = list(dict.fromkeys((r["grid"], tuple(r["mode"])) for r in rows))
+    table = Table(title="cymatic layout: row-major time / cymatic time per trace (above 1: "
+                  "cymatic faster)", title_justify="left")
+    table.add_column("trace")
+    for grid, mode in columns:
+        table.add_column(f"{grid}^2 {mode[0]}x{mode[1]}", justify="right")
+    for name in dict.fromkeys(r["trace"] for r in rows):
+        table.add_row(name, *[f"{r['speedup']:.2f}x" for c in columns for r in rows
+                              if r["trace"] == name and (r["grid"], tuple(r["mode"])) == c])
+    console.print(table)
+    (out / "cymatic.json").write_text(json.dumps(rows, indent=1))
+    png = cymatic.plot(rows, 512, mode_list[0], out / "cymatic.png")
+    console.print(f"wrote {out / 'cymatic.json'} and {png}")

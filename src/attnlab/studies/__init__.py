@@ -1,0 +1,1 @@
+"""The lab's studies: experiments about memory and tools rather than attention kernels."""

@@ -1,0 +1,88 @@
+"""The cymatic memory-layout study (issue 24, seed 004 Observation T) on CPU: the Bessel
+zeros, the mode's regions, both address maps and the traces; and the gather kernel's SASS."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnlab.studies import cymatic
+
+GRID = 192
+
+
+def test_bessel_zeros_match_the_tables():
+    assert np.allclose(cymatic.bessel_zeros(0, 3), [2.404826, 5.520078, 8.653728], atol=1e-5)
+    assert np.allclose(cymatic.bessel_zeros(6, 2), [9.936110, 13.589290], atol=1e-5)
+    with pytest.raises(ValueError, match="n >= 0 and m >= 1"):
+        cymatic.regions(16, 6, 0)
+
+
+@pytest.mark.parametrize("n, m", [(6, 4), (5, 4), (0, 3), (2, 1)])
+def test_regions_are_the_modes_bands_and_sectors(n, m):
+    region = cymatic.regions(GRID, n, m)
+    r, _ = cymatic.polar(GRID)
+    assert ((region >= 0) == (r < 1.0)).all()
+    assert len(np.unique(region[region >= 0])) == m * max(1, 2 * n)
+    # The first band is the disc inside J_n's first zero scaled to the m-th.
+    zeros = cymatic.bessel_zeros(n, m)
+    inner = r < 0.99 * zeros[0] / zeros[-1]
+    assert (region[inner] < max(1, 2 * n)).all()
+
+
+def test_cymatic_addresses_number_each_region_contiguously_in_raster_order():
+    n, m = 6, 4
+    cym = cymatic.cymatic_addresses(GRID, n, m)
+    row = cymatic.rowmajor_addresses(GRID)
+    inside = row >= 0
+    assert ((cym >= 0) == inside).all()
+    assert np.array_equal(np.sort(cym[inside]), np.arange(inside.sum()))
+    assert np.array_equal(row[inside], np.arange(inside.sum()))
+    region = cymatic.regions(GRID, n, m)
+    r, _ = cymatic.polar(GRID)
+    starts = []
+    for rid in np.unique(region[inside]):
+        cells = np.nonzero((region == rid).ravel())[0]  # raster order
+        addresses = cym.ravel()[cells]
+        assert np.array_equal(addresses, np.arange(addresses[0], addresses[0] + len(cells)))
+        starts.append((addresses[0], r.ravel()[cells].mean()))
+    # Regions in order of their centroid radius: the band structure is monotone.
+    radii = [radius for _, radius in sorted(starts)]
+    assert radii[0] == min(radii) and radii[-1] == max(radii)
+
+
+def test_traces_read_inside_cells_and_follow_the_geometry():
+    tr = cymatic.traces(GRID)
+    assert len(tr) == 15
+    inside = (cymatic.rowmajor_addresses(GRID) >= 0).ravel()
+    for name, cells in tr.items():
+        assert len(cells) > 0 and inside[cells].all(), name
+    assert np.array_equal(tr["rowmajor_full"], np.nonzero(inside)[0])
+    # A ray along mode 6's sector midline at pi/6 stays (beyond the centre) in one sector.
+    region = cymatic.regions(GRID, 6, 4).ravel()
+    r, theta = (a.ravel() for a in cymatic.polar(GRID))
+    ray = tr["radial_mid_pi6"]
+    outer = ray[r[ray] > 0.25]
+    assert len(np.unique(region[outer] % 12)) == 1
+    assert np.allclose(np.median(theta[outer]), math.pi / 6, atol=0.05)
+    # Its cymatic addresses change far less often than a nodal line's.
+    cym = cymatic.cymatic_addresses(GRID, 6, 4).ravel()
+
+    def jumps(cells):
+        return np.mean(np.abs(np.diff(cym[cells])) > GRID)
+
+    assert jumps(tr["radial_mid_pi6"]) < jumps(tr["radial_bnd_pi4"])
+
+
+def test_gather_kernel_is_one_index_load_and_one_data_load_per_access(tmp_path):
+    from attnlab.analysis.sass import disassemble, histogram, parse
+    from attnlab.jit import dumped_binary
+    from attnlab.kernels.common.gather import compile_gather
+
+    compile_gather("sm_90a", dump_dir=tmp_path)
+    cubin, _ = dumped_binary(tmp_path)
+    ops = histogram(parse(disassemble(cubin)))
+    # Unrolled 4x: per access an index load, then the data load it addresses.
+    assert ops["LDG"] == 2 * 4 and ops["STG"] == 1
