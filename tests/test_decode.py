@@ -127,3 +127,24 @@ def test_inputs_that_require_grad_are_refused_with_a_pointer_to_attention():
     with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
         attnlab.attention_with_kvcache(**args)  # past the grad check: the CPU tensors
 
+
+
+def test_fake_decoding_op_gives_the_outputs_torch_compile_sees():
+    """``attnlab::attention_kvcache`` on fake CUDA tensors (no GPU): a new contiguous output in
+    q's shape and dtype and an fp32 ``[B, Hq, Sq]`` LSE, the caches declared mutated."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attnlab import decode
+
+    schema = torch.ops.attnlab.attention_kvcache.default._schema
+    assert [a.name for a in schema.arguments if a.alias_info is not None and
+            a.alias_info.is_write] == ["k_cache", "v_cache"]
+    with FakeTensorMode():
+        q = torch.empty(3, 2, 16, 128, device="cuda", dtype=torch.bfloat16)
+        cache = torch.empty(40, 64, 4, 128, device="cuda", dtype=torch.bfloat16)
+        table = torch.empty(3, 10, device="cuda", dtype=torch.int32)
+        lengths = torch.empty(3, device="cuda", dtype=torch.int32)
+        out, lse = decode.attention_kvcache(q, cache, cache, None, None, lengths, None, table,
+                                            0.0883, 1 << 30, 0, 0)
+        assert (out.shape, out.dtype) == (q.shape, q.dtype) and out.is_contiguous()
+        assert (lse.shape, lse.dtype) == ((3, 16, 2), torch.float32)
