@@ -52,7 +52,9 @@ def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
     capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
     for keys_per_warp in (32, 16):
         if head_dim > 128 and keys_per_warp == 32:
-            continue  # 64 keys already read 32 KiB of K and V per block
+            # 64-key blocks at hd192/256 (48-64 KiB of K and V each) fit sm_80 twice too;
+            # 128-key ones were not measured there.
+            continue
         stages = 2
         block = keys_per_warp * DECODE_WARPS
         need = 2 * stages * block * head_dim * 2 + 16 * head_dim * 2 + 2048
