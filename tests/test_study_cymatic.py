@@ -86,3 +86,17 @@ def test_gather_kernel_is_one_index_load_and_one_data_load_per_access(tmp_path):
     ops = histogram(parse(disassemble(cubin)))
     # Unrolled 4x: per access an index load, then the data load it addresses.
     assert ops["LDG"] == 2 * 4 and ops["STG"] == 1
+
+
+def test_sweep_summary_finds_the_best_mode_overall_and_per_trace(tmp_path):
+    rows = [{"grid": 64, "mode": [n, m], "trace": t, "speedup": s}
+            for (n, m), per_trace in {(5, 4): {"a": 2.0, "b": 0.5},
+                                      (6, 4): {"a": 1.5, "b": 1.5},
+                                      (2, 1): {"a": 0.9, "b": 1.8}}.items()
+            for t, s in per_trace.items()]
+    summary = cymatic.sweep_summary(rows, 64)
+    assert summary["best_universal"] == "6x4"  # geomean 1.5 beats 1.0 and 1.27
+    assert summary["best_per_trace"] == {"a": ("5x4", 2.0), "b": ("2x1", 1.8)}
+    assert math.isclose(summary["geomean"]["5x4"][0], 1.0) and summary["geomean"]["5x4"][1] == 0.5
+    assert len(cymatic.SWEEP_MODES) == 54
+    assert cymatic.plot_sweep(rows, 64, tmp_path / "sweep.png").stat().st_size > 0

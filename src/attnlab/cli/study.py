@@ -36,6 +36,9 @@ def cymatic_command(
     modes: str = typer.Option("6x4,5x4", help="Membrane modes n x m (the seed's default 6x4, "
                               "its best universal 5x4)."),
     runs: int = typer.Option(11, min=3, help="Timed runs per trace and layout (median)."),
+    sweep: bool = typer.Option(False, help="Observation II's sweep instead of --modes: n in "
+                               "2..10 x m in 1..6, with a heatmap of each mode's geometric "
+                               "mean and the best mode per trace."),
     out: Path = OUT_OPTION,
 ) -> None:
     """Seed 004's memory-layout study: the same gather traces through a row-major and a
@@ -43,7 +46,7 @@ def cymatic_command(
     from attnlab.studies import cymatic
 
     grid_sizes = parse_ints(grids, "--grids")
-    mode_list = _modes(modes)
+    mode_list = list(cymatic.SWEEP_MODES) if sweep else _modes(modes)
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -60,7 +63,15 @@ def cymatic_command(
     for name in dict.fromkeys(r["trace"] for r in rows):
         table.add_row(name, *[f"{r['speedup']:.2f}x" for c in columns for r in rows
                               if r["trace"] == name and (r["grid"], tuple(r["mode"])) == c])
-    console.print(table)
+    if not sweep:
+        console.print(table)
+    for grid in grid_sizes:
+        summary = cymatic.sweep_summary(rows, grid)
+        console.print(f"{grid}^2: best mode over all traces {summary['best_universal']} "
+                      f"(geomean, worst trace) {summary['geomean'][summary['best_universal']]}")
+        if sweep:
+            heatmap = cymatic.plot_sweep(rows, grid, out / f"cymatic_sweep_{grid}.png")
+            console.print(f"wrote {heatmap}")
     (out / "cymatic.json").write_text(json.dumps(rows, indent=1))
     png = cymatic.plot(rows, 512, mode_list[0], out / "cymatic.png")
     console.print(f"wrote {out / 'cymatic.json'} and {png}")

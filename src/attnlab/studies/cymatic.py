@@ -22,6 +22,9 @@ import numpy as np
 
 #: Quadrature points of J_n's integral (accurate to ~1e-12 for the arguments used here).
 _QUADRATURE = 2048
+#: Observation II's sweep: n in 2..10, m in 1..6 (54 modes).
+SWEEP_MODES: tuple[tuple[int, int], ...] = tuple((n, m) for n in range(2, 11)
+                                                 for m in range(1, 7))
 
 
 def bessel_j(n: int, x: np.ndarray | float) -> np.ndarray:
@@ -209,6 +212,54 @@ def plot(rows: list[dict[str, object]], grid_for_map: int, mode: tuple[int, int]
     right.set_xticks(np.arange(len(names)) + 0.4, names, rotation=60, ha="right")
     right.set_ylabel("row-major time / cymatic time")
     right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sweep_summary(rows: list[dict[str, object]], grid: int) -> dict[str, object]:
+    """Observation II's tables for one grid: each mode's geometric-mean speedup over the
+    traces (and its worst trace), the best universal mode, and each trace's best mode."""
+    mine = [r for r in rows if r["grid"] == grid]
+    modes = list(dict.fromkeys(tuple(r["mode"]) for r in mine))
+    per_mode = {}
+    for mode in modes:
+        speedups = [float(r["speedup"]) for r in mine if tuple(r["mode"]) == mode]
+        per_mode[mode] = (math.exp(np.mean(np.log(speedups))), min(speedups))
+    best = max(per_mode, key=lambda mode: per_mode[mode][0])
+    per_trace = {}
+    for name in dict.fromkeys(r["trace"] for r in mine):
+        top = max((r for r in mine if r["trace"] == name), key=lambda r: r["speedup"])
+        per_trace[name] = (tuple(top["mode"]), float(top["speedup"]))
+    return {"grid": grid, "geomean": {f"{n}x{m}": v for (n, m), v in per_mode.items()},
+            "best_universal": f"{best[0]}x{best[1]}", "best_per_trace": {
+                name: (f"{m[0]}x{m[1]}", v) for name, (m, v) in per_trace.items()}}
+
+
+def plot_sweep(rows: list[dict[str, object]], grid: int, path):
+    """A PNG heatmap of each mode's geometric-mean speedup over the traces (n across, m
+    down), as Observation II's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = sweep_summary(rows, grid)["geomean"]
+    ns = sorted({int(k.split("x")[0]) for k in summary})
+    ms = sorted({int(k.split("x")[1]) for k in summary})
+    grid_values = np.full((len(ms), len(ns)), np.nan)
+    for key, (geomean, _) in summary.items():
+        n, m = map(int, key.split("x"))
+        grid_values[ms.index(m), ns.index(n)] = geomean
+    fig, ax = plt.subplots(figsize=(8, 5))
+    image = ax.imshow(grid_values, cmap="RdBu", vmin=0.5, vmax=1.5, origin="lower")
+    ax.set_xticks(range(len(ns)), ns)
+    ax.set_yticks(range(len(ms)), ms)
+    ax.set_xlabel("n (angular)")
+    ax.set_ylabel("m (radial)")
+    ax.set_title(f"cymatic over row-major, geomean of the traces, {grid}^2")
+    fig.colorbar(image)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
