@@ -49,6 +49,13 @@ DTYPES = ("float16", "bfloat16")
 UNBOUNDED_SIDE = 1 << 30
 
 
+def _element_type(dtype: str):
+    """The CuTe element type of a dtype name (imports the DSL: compile time only)."""
+    import cutlass
+
+    return cutlass.Float16 if dtype == "float16" else cutlass.BFloat16
+
+
 def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:
     """(row, head) strides of contiguous BSHD tensors with ``heads`` heads."""
     return ((heads * head_dim, head_dim),) * 4
@@ -155,7 +162,7 @@ def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
     """Compile-time stand-ins for a launch's arguments under ``spec`` (no GPU, no memory)."""
     import cutlass
 
-    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    elem = _element_type(spec.dtype)
     tiles = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen,
                                spec.strides[i] if spec.strides is not None else None)
              for i in range(4)]
@@ -267,7 +274,7 @@ class PreprocessArgs(NamedTuple):
 def fake_preprocess_args(spec: PreprocessSpec) -> PreprocessArgs:
     import cutlass
 
-    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    elem = _element_type(spec.dtype)
     return PreprocessArgs(
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen),
         _fake_rows_tensor(elem, spec.head_dim, spec.varlen), _fake_row_stats(spec.varlen),
@@ -347,7 +354,7 @@ def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    elem = _element_type(spec.dtype)
     vector = _fake_cu_seqlens
     table = None
     if spec.paged:
@@ -392,7 +399,7 @@ def fake_combine_args(spec: CombineSpec) -> CombineArgs:
     """Compile-time stand-ins for a combine launch's arguments under ``spec``."""
     import cutlass
 
-    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    elem = _element_type(spec.dtype)
     return CombineArgs(_fake_rows_tensor(cutlass.Float32, spec.head_dim, False),
                        _fake_row_stats(False), _fake_rows_tensor(elem, spec.head_dim, False),
                        _fake_row_stats(False), cutlass.Int32(1))
@@ -494,7 +501,7 @@ def fake_backward_args(spec: BackwardSpec) -> BackwardArgs:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    elem = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    elem = _element_type(spec.dtype)
     tiles = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen) for _ in range(4)]
     dq_accum = _fake_rows_tensor(cutlass.Float32, spec.head_dim, spec.varlen)
     grads = [_fake_rows_tensor(elem, spec.head_dim, spec.varlen) for _ in range(2)]
