@@ -15,6 +15,8 @@
 #            peers at issue 20's anchor shapes
 #   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
 #            later arguments go to it)
+#   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
+#            arguments go to the bench, e.g. --shapes 4096x4096x4096)
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -65,6 +67,11 @@ case $mode in
   bwdsweep)
     python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
+  gemm)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gemm_gpu.py 2>&1 | tee -a "$log" \
+      | tail -25
+    attnlab bench --family gemm --dtypes bf16,fp16 --out "$OUT" "${@:2}"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
@@ -74,5 +81,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|explain|profile)"; exit 2 ;;
 esac

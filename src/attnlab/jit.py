@@ -29,6 +29,7 @@ from attnlab.kernels.abi import (
     fake_forward_args,
     fake_preprocess_args,
 )
+from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, fake_gemm_args, fake_reduce_args
 
 
 def kernel_class(config: FlashConfig) -> type:
@@ -81,9 +82,19 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
                           dump_dir=dump_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec,
-                 dump_dir: str | Path | None = None) -> Any:
-    """The kernel of a forward, backward, preprocess or decoding spec, compiled."""
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
+                 | GemmSpec | ReduceSpec, dump_dir: str | Path | None = None) -> Any:
+    """The kernel of a forward, backward, preprocess, decoding or GEMM spec, compiled."""
+    if isinstance(spec, GemmSpec):
+        from attnlab.kernels.gemm.sm90 import HgemmSm90
+
+        return compile_kernel(HgemmSm90(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
+                              dump_dir=dump_dir)
+    if isinstance(spec, ReduceSpec):
+        from attnlab.kernels.gemm.reduce import SplitKReduce
+
+        return compile_kernel(SplitKReduce(spec), tuple(fake_reduce_args(spec)),
+                              arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, BackwardSpec):
         return compile_backward(spec, dump_dir)
     if isinstance(spec, DecodeSpec):

@@ -47,9 +47,11 @@ from attnlab.kernels.abi import (
     PreprocessSpec,
     spec_from_dict,
 )
+from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
 #: Any kind of kernel spec.
-Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
+Spec = (ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec | GemmSpec
+        | ReduceSpec)
 
 logger = logging.getLogger("attnlab")
 
@@ -61,7 +63,7 @@ EXPORTED_FUNCTION = "attnlab_kernel"
 LOCK_TIMEOUT_S = 900.0
 _PACKAGE = Path(__file__).resolve().parent
 #: Sources that shape a binary: the kernels, the config's derived sizes, the compile options.
-_FINGERPRINT_SOURCES = ("kernels", "config.py", "backward_config.py", "jit.py")
+_FINGERPRINT_SOURCES = ("kernels", "config.py", "backward_config.py", "gemm_config.py", "jit.py")
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ def _registers(cubin: Path) -> int | None:
 
 def describe(spec: Spec) -> str:
     """One line naming a spec (for logs and tables)."""
-    return f"{spec.label} {spec.arch} {spec.dtype} hd{spec.head_dim}{spec.variant()}"
+    problem = f" hd{spec.head_dim}" if hasattr(spec, "head_dim") else ""
+    dtype = getattr(spec, "dtype", None) or spec.out_dtype
+    return f"{spec.label} {spec.arch} {dtype}{problem}{spec.variant()}"
 
 
 def _publish(kernel: CompiledKernel, stem: Path) -> None:

@@ -18,6 +18,6 @@ app = typer.Typer(
 )
 
 # Imported for their side effect of registering commands on ``app``.
-from attnlab.cli import cache, explain, measure, profile, study  # noqa: E402,F401
+from attnlab.cli import cache, explain, gemm, measure, profile, study  # noqa: E402,F401
 
 __all__ = ["app"]

@@ -106,6 +106,11 @@ def bench(
     cross: bool = typer.Option(False, help="Cross-attention instead: seed 004's Sq x Sk shapes "
                                "(256 x 77, 1024 x 256, 4096 x 77), batch 8, 8 heads, "
                                "--head-dims."),
+    family: str = typer.Option("attention", help="attention, or gemm: attnlab.gemm.matmul "
+                               "against cuBLAS on the lab's shapes and an LLM projection set "
+                               "(--dtypes, --shapes)."),
+    shapes: str = typer.Option(None, help="With --family gemm: MxNxK shapes, comma-separated "
+                               "(a trailing 't' takes B as a transposed [N, K] weight)."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
     cache_lens: str = typer.Option("4096,32768", "--cache-lens",
                                    help="With --decode: comma-separated cache lengths."),
@@ -120,6 +125,14 @@ def bench(
     from attnlab.bench.report import bench_table, plot_bench, write_json
     from attnlab.bench.runner import cross_grid, measure_grid, tokens_grid, training_impl
 
+    if family == "gemm":
+        from attnlab.cli.gemm import bench_gemm
+
+        bench_gemm(shapes, parse_dtypes(dtypes), runs, out)
+        return
+    if family != "attention":
+        raise typer.BadParameter(f"expected attention or gemm, got {family!r}",
+                                 param_hint="--family")
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),
                       impls, runs, out)

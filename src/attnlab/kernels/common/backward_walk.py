@@ -61,12 +61,11 @@ from attnlab.kernels.common.tensors import (
     sequence_rows,
 )
 from attnlab.kernels.common.tile_scheduler import TileScheduler, heads_per_section
+from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 
 LOG2_E = math.log2(math.e)
-#: Registers per thread after ``setmaxnreg`` with ``producer_warp``: the producer warpgroup
-#: gives its registers to the two MMA warpgroups (3 x 128 threads share the SM's 64K).
-PRODUCER_REGS = 24
-CONSUMER_REGS = 240
+#: MMA warpgroups beside a ``producer_warp``'s warpgroup (their ``setmaxnreg`` budgets).
+MMA_WARPGROUPS = 2
 
 
 class BackwardKernel(AttentionKernel):
@@ -264,11 +263,11 @@ class BackwardKernel(AttentionKernel):
         if cutlass.const_expr(cfg.producer_warp):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp < 4:
-                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[MMA_WARPGROUPS])
                 if warp == 0:
                     self.produce(loads, pipe, ring, walk)
             else:
-                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[MMA_WARPGROUPS])
                 self._consume(tidx - 128, mK, mV, mdK, mdV, k_start, head_kv, tiles, storage,
                               walk)
         else:

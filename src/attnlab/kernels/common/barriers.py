@@ -23,6 +23,9 @@ class NamedBarrier(IntEnum):
     #: The backward's MMA warpgroups with a producer warp (``BackwardConfig.producer_warp``):
     #: dS^T written, K/V landed, the epilogue's staging.
     BACKWARD_MMA = 4
+    #: A consumer warpgroup of the sm90 GEMM around its epilogue tile: barrier
+    #: ``GEMM_EPILOGUE + w`` for consumer warpgroup ``w`` (so ids 5 to 7).
+    GEMM_EPILOGUE = 5
 
     def sync(self, number_of_threads: int, offset=0) -> None:
         """Wait until ``number_of_threads`` threads (a multiple of 32) have arrived at barrier

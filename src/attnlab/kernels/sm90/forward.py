@@ -66,12 +66,9 @@ from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
 from attnlab.kernels.common.tile_scheduler import TileScheduler
 from attnlab.kernels.common.tma import rows_first, tile_partition
-from attnlab.kernels.sm90.wgmma import wgmma_gemm
+from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
+from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
 
-#: Registers per thread after ``setmaxnreg``, by consumer warpgroups: the producer warpgroup
-#: gives its registers to the consumers (all warpgroups x 128 threads share the SM's 64K).
-PRODUCER_REGS = {1: 24, 2: 24, 3: 32}
-CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 #: Threads that meet at a ping-pong turn barrier: the warpgroup whose turn it is and the one
 #: that hands it over.
 TURN_THREADS = 256
@@ -85,13 +82,6 @@ def fence_registers(t: cute.Tensor) -> None:
     for i in range(cute.size(words)):
         words[i] = cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [words[i].ir_value()],
                                                  "", "=r,0", has_side_effects=True))
-
-
-def uniform_stage(state) -> cutlass.Int32:
-    """A ring state's stage index, marked warp-uniform: the shared-memory descriptors of the
-    stage's wgmma operands are then built in uniform registers (the loop-carried index alone
-    does not tell ptxas so)."""
-    return cute.arch.make_warp_uniform(state.index)
 
 
 class FlashForwardSm90(ForwardKernel):

@@ -1,5 +1,6 @@
 """Warpgroup MMA building blocks shared by the Hopper kernels (forward and backward)."""
 
+import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
@@ -19,3 +20,10 @@ def wgmma_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
     warpgroup.commit_group()
     if wait:
         warpgroup.wait_group(0)
+
+
+def uniform_stage(state) -> cutlass.Int32:
+    """A ring state's stage index, marked warp-uniform: the shared-memory descriptors of the
+    stage's wgmma operands are then built in uniform registers (the loop-carried index alone
+    does not tell ptxas so)."""
+    return cute.arch.make_warp_uniform(state.index)

@@ -1,0 +1,142 @@
+"""``attnlab bench --family gemm``: attnlab's HGEMM against cuBLAS (``torch.matmul``).
+
+A point is ``M x N x K`` in one dtype, B row-major (``"n"``) or a transposed ``[N, K]`` weight
+(``"k"``, as ``F.linear`` holds it). Both implementations see the same rotating input sets
+(together larger than L2) and are timed in the same rounds: end to end (calls back to back,
+host included: the headline) and device only (CUDA events around each call).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from attnlab.bench.timing import (
+    TimedCallError,
+    Timing,
+    calls_per_span,
+    sample_back_to_back,
+    sample_interleaved,
+    summarize,
+    tflops,
+)
+
+#: The lab's square and skinny shapes (Observations DD-FF) and one LLM projection set
+#: (tokens x hidden 4096 -> 4096 / 14336).
+LAB_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
+              (512, 512, 4096), (256, 256, 4096), (256, 256, 8192), (128, 128, 8192))
+LLM_SHAPES = tuple((t, n, 4096) for t in (1, 16, 4096) for n in (4096, 14336))
+#: Input sets rotate until they span this multiple of L2.
+L2_SPAN = 3
+MAX_SETS = 8
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    m: int
+    n: int
+    k: int
+    dtype: str = "bfloat16"
+    b_major: str = "n"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    def label(self) -> str:
+        weight = " B^T" if self.b_major == "k" else ""
+        return f"{self.m}x{self.n}x{self.k}{weight}"
+
+
+@dataclass(frozen=True)
+class GemmResult:
+    point: GemmPoint
+    impl: str
+    timing: Timing | None
+    device_timing: Timing | None = None
+    error: str | None = None
+
+    @property
+    def tflops(self) -> float | None:
+        return tflops(self.point.flops, self.timing.median_ms) if self.timing else None
+
+    @property
+    def device_tflops(self) -> float | None:
+        return (tflops(self.point.flops, self.device_timing.median_ms)
+                if self.device_timing else None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"point": asdict(self.point), "impl": self.impl, "tflops": self.tflops,
+                "device_tflops": self.device_tflops, "error": self.error,
+                "timing": self.timing.to_dict() if self.timing else None,
+                "device_timing": self.device_timing.to_dict() if self.device_timing else None}
+
+
+def gemm_sets(point: GemmPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
+    """``(a, b)`` input sets, as many as span ``L2_SPAN`` x L2 (at least one)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, point.dtype)
+    size = 2 * (point.m * point.k + point.k * point.n)
+    count = max(1, min(MAX_SETS, math.ceil(L2_SPAN * l2_bytes / size)))
+    sets = []
+    for _ in range(count):
+        a = torch.randn(point.m, point.k, device="cuda", dtype=dt, generator=gen)
+        if point.b_major == "k":
+            b = torch.randn(point.n, point.k, device="cuda", dtype=dt, generator=gen).t()
+        else:
+            b = torch.randn(point.k, point.n, device="cuda", dtype=dt, generator=gen)
+        sets.append((a, b))
+    return sets
+
+
+def gemm_impls(configs: dict[str, object] | None = None) -> dict[str, Callable]:
+    """``cublas`` (``torch.matmul``) and ``attnlab`` (``attnlab.gemm.matmul``, default
+    dispatch), plus ``attnlab[name]`` for each named ``GemmConfig`` in ``configs``."""
+    from attnlab.gemm import matmul
+
+    impls: dict[str, Callable] = {"cublas": torch.matmul, "attnlab": matmul}
+    for name, cfg in (configs or {}).items():
+        impls[f"attnlab[{name}]"] = lambda a, b, cfg=cfg: matmul(a, b, config=cfg)
+    return impls
+
+
+def measure_gemm(points: list[GemmPoint], impls: dict[str, Callable], l2_bytes: int, *,
+                 runs: int = 30, on_point: Callable[[GemmPoint], None] | None = None
+                 ) -> list[GemmResult]:
+    """Every implementation at every point; an implementation that fails at a point is
+    reported with its error and left out of that point's timing."""
+    results: list[GemmResult] = []
+    for point in points:
+        sets = gemm_sets(point, l2_bytes)
+        fns = {name: (lambda i, fn=fn, sets=sets: fn(*sets[i % len(sets)]))
+               for name, fn in impls.items()}
+        failed: dict[str, str] = {}
+        for name in list(fns):
+            try:
+                fns[name](0)
+            except Exception as exc:  # reported per implementation, not fatal to the bench
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                del fns[name]
+        try:
+            device = sample_interleaved(fns, runs=runs, rotations=len(sets))
+            first = {name: summarize(ms).median_ms for name, ms in device.items()}
+            e2e = sample_back_to_back(
+                fns, calls={name: calls_per_span(ms) for name, ms in first.items()},
+                rotations=len(sets))
+        except TimedCallError as exc:
+            failed[exc.name] = str(exc)
+            device, e2e = {}, {}
+        for name in impls:
+            if name in failed or name not in device:
+                results.append(GemmResult(point, name, None, error=failed.get(name)))
+            else:
+                results.append(GemmResult(point, name, summarize(e2e[name]),
+                                          summarize(device[name])))
+        del sets
+        torch.cuda.empty_cache()
+        if on_point is not None:
+            on_point(point)
+    return results

@@ -1,0 +1,101 @@
+"""``attnlab bench --family gemm``: the table, JSON and plot of the GEMM bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from attnlab.cli.measure import console, progress_bar, require_gpu
+
+
+def parse_shapes(text: str | None) -> list[tuple[int, int, int, str]]:
+    """``"4096x4096x4096,1x4096x4096t"`` -> ``[(4096, 4096, 4096, "n"), (1, 4096, 4096,
+    "k")]``; None: the lab's shapes and the LLM set (B^T for the LLM set, as F.linear)."""
+    from attnlab.bench.gemm import LAB_SHAPES, LLM_SHAPES
+
+    if text is None:
+        return [(*s, "n") for s in LAB_SHAPES] + [(*s, "k") for s in LLM_SHAPES]
+    shapes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        weight = part.endswith("t")
+        try:
+            m, n, k = (int(x) for x in part.removesuffix("t").split("x"))
+        except ValueError:
+            raise typer.BadParameter(f"expected MxNxK (e.g. 4096x4096x4096), got {part!r}",
+                                     param_hint="--shapes") from None
+        if min(m, n, k) <= 0:
+            raise typer.BadParameter(f"sizes must be positive, got {part!r}",
+                                     param_hint="--shapes")
+        shapes.append((m, n, k, "k" if weight else "n"))
+    return shapes
+
+
+def bench_gemm(shapes: str | None, dtypes: list[str], runs: int, out: Path) -> None:
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import GemmPoint, gemm_impls, measure_gemm
+    from attnlab.gemm.dispatch import plan
+
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    points = [GemmPoint(m, n, k, dtype, major) for dtype in dtypes
+              for m, n, k, major in parse_shapes(shapes)]
+    out.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        task = progress.add_task("gemm", total=len(points))
+        results = measure_gemm(points, gemm_impls(), info.l2_bytes, runs=runs,
+                               on_point=lambda p: progress.advance(task))
+    table = Table(title=f"attnlab bench --family gemm on {info.name}: TFLOP/s end to end "
+                        "(device only); ratio to cuBLAS in the same run", title_justify="left")
+    for column in ("shape", "dtype", "plan", "cublas", "attnlab", "ratio", "device ratio"):
+        table.add_column(column, justify="left" if column in ("shape", "plan") else "right")
+    rows = []
+    for point in points:
+        mine = {r.impl: r for r in results if r.point == point}
+        ours, peer = mine["attnlab"], mine["cublas"]
+        p = plan(point.m, point.n, point.k, info.multiprocessors)
+        cells = [f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r.tflops else (r.error or "-")[:40]
+                 for r in (peer, ours)]
+        ratio = (f"{ours.tflops / peer.tflops:.2f}x" if ours.tflops and peer.tflops else "-")
+        dratio = (f"{ours.device_tflops / peer.device_tflops:.2f}x"
+                  if ours.device_tflops and peer.device_tflops else "-")
+        table.add_row(point.label(), point.dtype, p.config.label(), *cells, ratio, dratio)
+        rows += [{**r.to_dict(), "plan": p.config.label()} for r in mine.values()]
+    console.print(table)
+    path = out / "gemm.json"
+    path.write_text(json.dumps({"device": info.name, "results": rows}, indent=1))
+    console.print(f"wrote {path} and {plot_gemm(results, out / 'gemm.png')}")
+
+
+def plot_gemm(results: list, path: Path) -> Path:
+    """TFLOP/s per shape, one bar per implementation, one panel per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = list(dict.fromkeys(r.point.dtype for r in results))
+    names = list(dict.fromkeys(r.impl for r in results))
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(12, 4 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes, strict=True):
+        points = list(dict.fromkeys(r.point for r in results if r.point.dtype == dtype))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            values = [next((r.tflops or 0 for r in results
+                            if r.point == p and r.impl == name), 0) for p in points]
+            ax.bar([x + i * width for x in range(len(points))], values, width, label=name)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(points))],
+                      [p.label() for p in points], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("TFLOP/s end to end")
+        ax.set_yscale("log")
+        ax.set_title(dtype)
+        ax.legend()
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

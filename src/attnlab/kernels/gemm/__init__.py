@@ -1,0 +1,1 @@
+"""The lab's GEMM kernels (``attnlab.gemm`` calls them)."""

@@ -1,0 +1,151 @@
+"""The GEMM kernels' launch ABI: what changes a binary (the specs, the disk cache's keys) and
+the argument lists, in order, with their compile-time stand-ins. Importing this module does
+not import the CuTe DSL.
+
+Operands keep their own layouts: A ``[M, K]`` and B ``[K, N]`` each with a unit stride along
+one mode (``a_major``, ``b_major``: ``"k"`` for a row-major A or a B that is a transposed
+``[N, K]`` weight, ``"m"``/``"n"`` for the other), the other stride a multiple of 16 bytes (the
+TMA unit's rule). C is ``[M, N]`` row-major, or ``[splits, M, N]`` fp32 partial sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from attnlab.gemm_config import GemmConfig
+from attnlab.kernels.abi import FlatSpec
+
+#: Operand dtypes of the HGEMM.
+GEMM_DTYPES = ("float16", "bfloat16")
+#: How split-K slices reach C: not at all, partial sums in a workspace, reduce-adds into C.
+SPLITS = ("none", "workspace", "atomic")
+#: Bytes every TMA stride and base must be a multiple of.
+GEMM_ALIGN_BYTES = 16
+
+
+def binary_config(config: GemmConfig) -> GemmConfig:
+    """``config`` with the knobs that do not change the binary (the grid, the split count and
+    its mode, which the spec's ``split`` carries) at their defaults: one cache entry per
+    binary."""
+    default = GemmConfig()
+    return config.replace(persistent=default.persistent, split_k=default.split_k,
+                          split_mode=default.split_mode)
+
+
+@dataclass(frozen=True)
+class GemmSpec(FlatSpec):
+    """One compiled sm_90a HGEMM (``kernels/gemm/sm90.py``).
+
+    Attributes:
+        config: the tile and ring (``binary_config`` of a ``GemmConfig``).
+        arch: the target, ``"sm_90a"``.
+        dtype: A's and B's dtype.
+        out_dtype: C's dtype (``"float32"`` for split-K's partials and reduce-adds).
+        a_major, b_major: the unit-stride mode of A (``"k"`` or ``"m"``) and B (``"k"`` or
+            ``"n"``).
+        split: ``"none"``, ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is
+            reduce-added to).
+    """
+
+    KIND: ClassVar[str] = "gemm"
+
+    config: GemmConfig
+    arch: str
+    dtype: str
+    out_dtype: str
+    a_major: str = "k"
+    b_major: str = "n"
+    split: str = "none"
+
+    def variant(self) -> str:
+        split = "" if self.split == "none" else f"_{self.split}"
+        return f"_{self.a_major}{self.b_major}{split}"
+
+    @property
+    def label(self) -> str:
+        return f"hgemm({self.config.label()})"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GemmSpec:
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        return cls(**{**fields, "config": GemmConfig(**fields["config"])})
+
+
+class GemmArgs(NamedTuple):
+    """The HGEMM launch's arguments, in order.
+
+    Attributes:
+        a: ``[M, K]``; b: ``[K, N]`` (see the module docstring for their strides).
+        c: ``[M, N]`` in ``out_dtype``, or fp32 ``[splits, M, N]`` (``split="workspace"``).
+        num_splits: K slices per output tile (1 without split-K).
+        num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
+    """
+
+    a: Any
+    b: Any
+    c: Any
+    num_splits: Any
+    num_ctas: Any
+
+
+@dataclass(frozen=True)
+class ReduceSpec(FlatSpec):
+    """The split-K reduction (``kernels/gemm/reduce.py``): fp32 partials summed in split
+    order, written as ``out_dtype``."""
+
+    KIND: ClassVar[str] = "gemm_reduce"
+
+    arch: str
+    out_dtype: str
+
+    @property
+    def label(self) -> str:
+        return "splitk_reduce"
+
+
+class ReduceArgs(NamedTuple):
+    """The reduction's arguments: fp32 ``partials [splits, M, N]`` and ``out [M, N]``."""
+
+    partials: Any
+    out: Any
+
+
+def _element(dtype: str):
+    import cutlass
+
+    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+            "float32": cutlass.Float32}[dtype]
+
+
+def _fake_matrix(dtype: str, unit_stride_mode: int, batched: bool = False):
+    """A symbolic 2D tensor (or ``[batch, rows, cols]``) whose ``unit_stride_mode`` (0 or 1
+    of the matrix) has stride 1 and whose other stride is a multiple of 16 bytes."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    div = GEMM_ALIGN_BYTES * 8 // _element(dtype).width
+    other = cute.sym_int32(divisibility=div)
+    stride = (other, 1) if unit_stride_mode == 1 else (1, other)
+    shape = (cute.sym_int(), cute.sym_int())
+    if batched:
+        shape, stride = (cute.sym_int(), *shape), (cute.sym_int64(divisibility=div), *stride)
+    return make_fake_tensor(_element(dtype), shape, stride=stride,
+                            assumed_align=GEMM_ALIGN_BYTES)
+
+
+def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
+    """Compile-time stand-ins for an HGEMM launch's arguments under ``spec``."""
+    import cutlass
+
+    return GemmArgs(
+        _fake_matrix(spec.dtype, 1 if spec.a_major == "k" else 0),
+        _fake_matrix(spec.dtype, 1 if spec.b_major == "n" else 0),
+        _fake_matrix(spec.out_dtype, 1, batched=spec.split == "workspace"),
+        cutlass.Int32(1), cutlass.Int32(1))
+
+
+def fake_reduce_args(spec: ReduceSpec) -> ReduceArgs:
+    """Compile-time stand-ins for the split-K reduction's arguments."""
+    return ReduceArgs(_fake_matrix("float32", 1, batched=True),
+                      _fake_matrix(spec.out_dtype, 1))

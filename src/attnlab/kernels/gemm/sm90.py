@@ -1,0 +1,265 @@
+"""HGEMM for sm_90a: ``C = A @ B`` with warpgroup MMAs fed by a TMA ring (a ``GemmSpec``).
+
+The lab's HGEMM steps (shared-memory tiles, ``ldmatrix`` fragments, cp.async double
+buffering, the 16-warp 128 x 128 / 128 x 256 tiles, swizzled shared memory, the staged
+epilogue) are what this kernel is made of, in their Hopper form:
+
+* **Warp specialisation.** Warpgroup 0 is the producer: one warp issues the TMA copies of A's
+  and B's K tiles into a ``stages``-deep ring (one "full" transaction barrier and one "empty"
+  barrier per stage), and gives its registers (``setmaxnreg``) to the consumers. Each
+  consumer warpgroup owns 64 rows of the ``block_m x block_n`` tile; its ``wgmma`` reads A
+  and B straight from the 128-byte-swizzled stages (no ``ldmatrix``, no operand registers),
+  one stage's MMAs in flight while it waits for the next stage (``wait_group(1)``).
+* **Persistent walk.** CTAs walk the output tiles (``kernels/gemm/tiles.py``: raster groups,
+  then K slices). The producer runs ahead into the next tile while the consumers finish this
+  one, so the ring never drains between tiles.
+* **Epilogue by TMA.** A consumer warpgroup converts its accumulator, stages it in its own
+  slice of shared memory and one warp issues a TMA store of the 64 x ``block_n`` box (which
+  clips the rows and columns past M and N); the store drains while the next tile's MMAs run,
+  and is waited for only before the slice is written again.
+* **Split-K.** Work item ``(m, n, s)`` covers K tiles ``[s * per, (s + 1) * per)``. With
+  ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]`` (summed
+  in order by ``kernels/gemm/reduce.py``: deterministic); with ``split="atomic"`` the epilogue's
+  TMA copy is a reduce-add into an fp32 C (the adds happen in L2).
+
+The host guarantees every slice at least one K tile (``attnlab.gemm.dispatch``); a K tail
+past the tensor is zero-filled by the TMA unit, so M, N and K need not be tile multiples.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from attnlab.config import WGMMA_M
+from attnlab.kernels.common.barriers import NamedBarrier
+from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.epilogue import store_fragment
+from attnlab.kernels.gemm.abi import GemmSpec
+from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
+from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
+from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
+
+_ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+             "float32": cutlass.Float32}
+#: Threads of one warpgroup.
+WARPGROUP = 128
+
+
+class HgemmSm90:
+    """Compile-time description of one sm_90a HGEMM (a ``GemmSpec``)."""
+
+    def __init__(self, spec: GemmSpec):
+        self.spec = spec
+        self.cfg = spec.config
+        self.dtype = _ELEMENTS[spec.dtype]
+        self.out_dtype = _ELEMENTS[spec.out_dtype]
+        self.num_consumers = self.cfg.num_consumers
+        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype)
+        self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
+                 num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
+        """Launch on the arguments of ``kernels.gemm.abi.GemmArgs`` (and the stream)."""
+        cfg = self.cfg
+        bm, bn, bk = self.tile
+        # B as (N, K) and C as (M, N, splits): the modes the MMA and the TMA unit index.
+        mB = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 0]))
+        if cutlass.const_expr(self.spec.split == "workspace"):
+            mC = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 2, 0]))
+        else:
+            mC = cute.make_tensor(c.iterator, cute.append(c.layout, cute.make_layout(1)))
+        a_enum = LayoutEnum.ROW_MAJOR if self.spec.a_major == "k" else LayoutEnum.COL_MAJOR
+        b_enum = LayoutEnum.ROW_MAJOR if self.spec.b_major == "k" else LayoutEnum.COL_MAJOR
+        mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, a_enum.sm90_mma_major_mode(), b_enum.sm90_mma_major_mode(),
+            cutlass.Float32, (self.num_consumers, 1, 1), (WGMMA_M, bn))
+        # One warpgroup's share: the accumulator layout its epilogue writes out.
+        mma_wg = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, a_enum.sm90_mma_major_mode(), b_enum.sm90_mma_major_mode(),
+            cutlass.Float32, (1, 1, 1), (WGMMA_M, bn))
+        sA_layout = sm90_utils.make_smem_layout_a(a_enum, self.tile, self.dtype, self.stages)
+        sB_layout = sm90_utils.make_smem_layout_b(b_enum, self.tile, self.dtype, self.stages)
+        sC_layout = sm90_utils.make_smem_layout_epi(self.out_dtype, LayoutEnum.ROW_MAJOR,
+                                                    (WGMMA_M, bn), self.num_consumers)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a = tuple(cpasync.make_tiled_tma_atom(load, a, self._stage(sA_layout), (bm, bk)))
+        tma_b = tuple(cpasync.make_tiled_tma_atom(load, mB, self._stage(sB_layout), (bn, bk)))
+        store = (cpasync.CopyReduceBulkTensorTileS2GOp() if self.spec.split == "atomic"
+                 else cpasync.CopyBulkTensorTileS2GOp())
+        tma_c = tuple(cpasync.make_tiled_tma_atom(store, mC, self._stage(sC_layout),
+                                                  (WGMMA_M, bn)))
+        SharedStorage = shared_storage({
+            "sA": shared_tile(self.dtype, sA_layout), "sB": shared_tile(self.dtype, sB_layout),
+            "sC": shared_tile(self.out_dtype, sC_layout),
+            "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages]})
+        m_tiles = cute.ceil_div(a.shape[0], bm)
+        n_tiles = cute.ceil_div(mB.shape[0], bn)
+        k_tiles = cute.ceil_div(a.shape[1], bk)
+        self.kernel(tma_a, tma_b, tma_c, mma, mma_wg, sA_layout, sB_layout, sC_layout,
+                    SharedStorage, m_tiles, n_tiles, k_tiles, num_splits).launch(
+            grid=[num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1)
+
+    @staticmethod
+    def _stage(staged_layout):
+        """One stage of a staged shared-memory layout (what one TMA copy fills)."""
+        return cute.slice_(staged_layout, (None, None, 0))
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, mma: cute.TiledMma,
+               mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
+               SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
+               n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        # The swizzle on the pointer: the form both the TMA partition and wgmma take.
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ring_bars.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     4 * self.num_consumers),
+            tx_count=cute.size_in_bytes(self.dtype, self._stage(sA_layout))
+            + cute.size_in_bytes(self.dtype, self._stage(sB_layout)),
+            defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        walk = (m_tiles, n_tiles, k_tiles, num_splits)
+        if warp_idx // 4 == 0:
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
+            if warp_idx == 0:
+                self._produce(tma_a, tma_b, sA, sB, ring, walk)
+        else:
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
+            self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk)
+
+    def _items(self, walk: tuple):
+        """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
+        m_tiles, n_tiles, k_tiles, num_splits = walk
+        first, _, _ = cute.arch.block_idx()
+        stride, _, _ = cute.arch.grid_dim()
+        return (first, m_tiles * n_tiles * num_splits, stride,
+                k_tiles_per_split(k_tiles, num_splits))
+
+    def _k_range(self, split, per_split, k_tiles):
+        k0 = split * per_split
+        return k0, cutlass.min(k0 + per_split, k_tiles)
+
+    @cute.jit
+    def _produce(self, tma_a: tuple, tma_b: tuple, sA: cute.Tensor, sB: cute.Tensor, ring,
+                 walk: tuple):
+        """The producer warp: A's and B's K tiles of every item, in the consumers' order."""
+        bm, bn, bk = self.tile
+        m_tiles, n_tiles, k_tiles, _ = walk
+        first, items, stride, per_split = self._items(walk)
+        a_smem, a_gmem = self._tma_tiles(tma_a, sA, (bm, bk))
+        b_smem, b_gmem = self._tma_tiles(tma_b, sB, (bn, bk))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for item in cutlass.range(first, items, stride, unroll=1):
+            m, n, split = tile_coords(item, m_tiles, n_tiles, self.cfg.raster_group)
+            k0, k1 = self._k_range(split, per_split, k_tiles)
+            for k in cutlass.range(k0, k1, unroll=1):
+                ring.producer_acquire(state)
+                barrier = ring.producer_get_barrier(state)
+                cute.copy(tma_a[0], a_gmem[None, m, k], a_smem[None, state.index],
+                          tma_bar_ptr=barrier)
+                cute.copy(tma_b[0], b_gmem[None, n, k], b_smem[None, state.index],
+                          tma_bar_ptr=barrier)
+                state.advance()
+
+    @staticmethod
+    def _tma_tiles(tma: tuple, smem: cute.Tensor, tile: tuple) -> tuple:
+        """``(smem stages, global tiles)`` of an operand's TMA copies; a global tile is
+        indexed by (row tile, K tile)."""
+        atom, coords = tma
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                                     cute.group_modes(cute.local_tile(coords, tile,
+                                                                      (None, None)), 0, 2))
+
+    @cute.jit
+    def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
+                 sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple):
+        """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue."""
+        bm, bn, _ = self.tile
+        m_tiles, n_tiles, k_tiles, _ = walk
+        first, items, stride, per_split = self._items(walk)
+        wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+        # Operand descriptors depend on the warpgroup only: sliced by a warp-uniform index.
+        wg_mma = mma.get_slice(wg * WARPGROUP)
+        tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA))
+        tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(mma.get_slice(ctidx).partition_shape_C((bm, bn)),
+                                    cutlass.Float32)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for item in cutlass.range(first, items, stride, unroll=1):
+            m, n, split = tile_coords(item, m_tiles, n_tiles, self.cfg.raster_group)
+            k0, k1 = self._k_range(split, per_split, k_tiles)
+            acc.fill(0.0)
+            # The first K tile (every slice has one), then one stage's MMAs in flight while
+            # the next stage is awaited.
+            self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+            for _ in cutlass.range(k0 + 1, k1, unroll=1):
+                self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+                warpgroup.wait_group(1)
+                ring.consumer_release(release)
+                release.advance()
+            warpgroup.wait_group(0)
+            ring.consumer_release(release)
+            release.advance()
+            self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, split)
+        if ctidx % WARPGROUP < 32:
+            # Shared memory must outlive the last store's reads of it.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _mma_stage(self, ring, state, mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
+                   tCrB: cute.Tensor):
+        """Wait for ``state``'s stage, issue its MMAs (not waited for), advance ``state``."""
+        ring.consumer_wait(state)
+        stage = uniform_stage(state)
+        wgmma_gemm(mma, acc, tCrA[None, None, None, stage], tCrB[None, None, None, stage],
+                   zero_init=False, wait=False)
+        state.advance()
+
+    @cute.jit
+    def _epilogue(self, acc: cute.Tensor, sC: cute.Tensor, tma_c: tuple,
+                  mma_wg: cute.TiledMma, wtidx, wg, m, n, split):
+        """This warpgroup's 64 rows: converted, staged in its slice of ``sC``, then one TMA
+        store (or reduce-add) issued by its first warp."""
+        bn = self.cfg.block_n
+        first_warp = wtidx < 32
+        if first_warp:
+            # The slice's previous store must have read it.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
+        rC = cute.make_fragment_like(acc, self.out_dtype)
+        rC.store(acc.load().to(self.out_dtype))
+        store_fragment(rC, sC[None, None, wg], mma_wg, wtidx)
+        # Generic-proxy writes, read next by the TMA unit (async proxy).
+        cute.arch.fence_proxy("async.shared", space="cta")
+        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
+        if first_warp:
+            atom, coords = tma_c
+            boxes = cute.local_tile(coords[None, None, split], (WGMMA_M, bn), (None, None))
+            src, dst = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                             cute.group_modes(sC, 0, 2),
+                                             cute.group_modes(boxes, 0, 2))
+            cute.copy(atom, src[None, wg], dst[None, m * self.num_consumers + wg, n])
+            cute.arch.cp_async_bulk_commit_group()

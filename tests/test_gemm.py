@@ -1,0 +1,138 @@
+"""The GEMM family without a GPU: config rules, the tile walk, dispatch, operand layouts,
+input validation, and each default kernel cross-compiled for sm_90a (resources and SASS)."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.gemm import GemmConfig
+from attnlab.gemm.api import _check, operand_major
+from attnlab.gemm.dispatch import plan
+from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, binary_config
+from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
+
+
+@pytest.mark.parametrize("bad", [dict(block_m=256), dict(block_n=264), dict(block_n=24 + 1),
+                                 dict(block_k=48), dict(stages=1), dict(split_mode="tree"),
+                                 dict(block_m=192, block_n=256)])
+def test_config_refuses(bad):
+    with pytest.raises(ConfigError):
+        GemmConfig(**bad)
+
+
+def test_ring_stages_fill_shared_memory():
+    assert GemmConfig().ring_stages("sm_90a", "bfloat16") == 3  # 48 KiB stages + 64 KiB C
+    assert GemmConfig(block_n=128).ring_stages("sm_90a", "float32") == 5
+    with pytest.raises(ConfigError, match="fit"):
+        GemmConfig(stages=5).ring_stages("sm_90a", "bfloat16")
+
+
+@pytest.mark.parametrize("m_tiles,n_tiles,splits,group", [(5, 7, 1, 3), (8, 2, 3, 8),
+                                                          (1, 9, 4, 1), (13, 1, 2, 4)])
+def test_tile_walk_covers_every_item_once(m_tiles, n_tiles, splits, group):
+    items = [tile_coords(i, m_tiles, n_tiles, group) for i in range(m_tiles * n_tiles * splits)]
+    assert len(set(items)) == len(items)
+    assert set(items) == {(m, n, s) for m in range(m_tiles) for n in range(n_tiles)
+                          for s in range(splits)}
+    if group > 1 and m_tiles >= group:
+        # Within a raster group, consecutive items walk M first.
+        assert [x[0] for x in items[:group]] == list(range(group))
+
+
+def test_dispatch_follows_the_lab():
+    square, skinny = plan(4096, 4096, 4096, 132), plan(256, 256, 4096, 132)
+    assert square.splits == 1 and square.config.block_n == 256
+    assert skinny.splits > 1 and skinny.config.block_n == 128
+    assert plan(8192, 8192, 8192, 132).splits == 1
+    decode_step = plan(1, 4096, 4096, 132)
+    assert decode_step.config.block_m == 64 and decode_step.splits > 1
+
+
+@pytest.mark.parametrize("k,splits", [(640, 6), (64, 16), (4096, 7), (72, 3)])
+def test_split_counts_leave_no_slice_empty(k, splits):
+    p = plan(128, 128, k, 132, GemmConfig(block_n=128, split_k=splits))
+    k_tiles = math.ceil(k / 64)
+    per = k_tiles_per_split(k_tiles, p.splits)
+    assert (p.splits - 1) * per < k_tiles <= p.splits * per
+
+
+def test_operand_major_and_restriding():
+    w = torch.zeros(48, 64, dtype=torch.bfloat16)
+    assert operand_major("b", w.t(), ("k", "n"))[0] == "k"
+    assert operand_major("b", w, ("k", "n"))[0] == "n"
+    row = torch.zeros(1, 20, dtype=torch.bfloat16)[:, :13]  # one row: its stride is free
+    label, view = operand_major("a", row, ("m", "k"))
+    assert label == "k" and view.stride() == (16, 1)
+    with pytest.raises(ValueError, match="multiple of 8 elements"):
+        operand_major("a", torch.zeros(4, 13, dtype=torch.float16), ("m", "k"))
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((torch.zeros(4, 8), torch.zeros(8, 8)), TypeError, "float32"),
+    ((torch.zeros(4, 8, dtype=torch.half), torch.zeros(8, 8, dtype=torch.bfloat16)),
+     TypeError, "share one dtype"),
+    ((torch.zeros(4, 8, dtype=torch.half), torch.zeros(16, 8, dtype=torch.half)), ValueError,
+     "columns to match"),
+    ((torch.zeros(2, 4, 8, dtype=torch.half), torch.zeros(8, 8, dtype=torch.half)),
+     ValueError, "2-D"),
+    ((torch.zeros(4, 8, dtype=torch.half), torch.zeros(8, 8, dtype=torch.half)), ValueError,
+     "CUDA"),
+    (([1], torch.zeros(8, 8)), TypeError, "torch.Tensor"),
+])
+def test_validation_messages(args, error, match):
+    with pytest.raises(error, match=match):
+        _check(*args, torch.float16, None)
+
+
+def test_spec_round_trips_and_ignores_launch_knobs():
+    from attnlab.kernels.abi import spec_from_dict
+
+    spec = GemmSpec(binary_config(GemmConfig(split_k=4, persistent=False)), "sm_90a",
+                    "float16", "float32", "m", "k", "workspace")
+    assert spec.config == GemmConfig()
+    assert spec_from_dict(spec.to_dict()) == spec
+    assert spec_from_dict(ReduceSpec("sm_90a", "bfloat16").to_dict()).out_dtype == "bfloat16"
+
+
+def _sass_counts(spec) -> tuple[str, collections.Counter]:
+    import subprocess
+    import tempfile
+
+    from attnlab.analysis import sass
+    from attnlab.analysis.tools import find_tool
+    from attnlab.jit import compile_spec, dumped_binary
+
+    with tempfile.TemporaryDirectory() as folder:
+        compile_spec(spec, folder)
+        cubin, _ = dumped_binary(folder)
+        usage = subprocess.run([str(find_tool("cuobjdump")), "--dump-resource-usage",
+                                str(cubin)], capture_output=True, text=True, check=True).stdout
+        ops = sass.histogram(sass.parse(sass.disassemble(cubin)))
+    return usage, ops
+
+
+@pytest.mark.parametrize("spec", [
+    GemmSpec(GemmConfig(), "sm_90a", "bfloat16", "bfloat16"),
+    GemmSpec(GemmConfig(block_m=64, block_n=128), "sm_90a", "float16", "float32", "k", "k",
+             "workspace"),
+    GemmSpec(GemmConfig(block_n=128), "sm_90a", "bfloat16", "float32", "m", "n", "atomic"),
+], ids=lambda s: s.label + s.variant())
+def test_kernels_cross_compile_without_spills(spec):
+    usage, ops = _sass_counts(spec)
+    assert "LOCAL:0" in usage, usage
+    mma_steps = spec.config.block_k // 16
+    # One stage's k-steps, at the loop's two issue points (the peeled first K tile).
+    assert ops["HGMMA"] == 2 * mma_steps, ops
+    assert ops["UTMALDG"] >= 2 and ops["LDG"] == 0
+    store = "UTMAREDG" if spec.split == "atomic" else "UTMASTG"
+    assert ops[store] >= 1, ops
+
+
+def test_reduce_kernel_vectorises():
+    _, ops = _sass_counts(ReduceSpec("sm_90a", "bfloat16"))
+    assert ops["LDG"] == 1 and ops["STG"] == 1 and ops["FADD"] == 4, ops

@@ -1,0 +1,102 @@
+"""attnlab.gemm.matmul on the GPU (issue 22): against an fp64 product, at the lab's shapes,
+adversarial ones (no tile multiples, K = 8, one row), both operand layouts, every split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.gemm import GemmConfig, matmul
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: Relative Frobenius error of a correct product: the output's rounding (bf16 2^-9, fp16
+#: 2^-12 on average) plus fp32 accumulation; a wrong tile or a missing K slice is O(1).
+TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 1.5e-3, torch.float32: 2e-4}
+
+
+def poison_allocator(numel: int) -> None:
+    """Leave NaNs in the memory the next allocations get (the caching allocator hands a freed
+    block back), so an output the kernel leaves unwritten fails the check."""
+    junk = torch.full((numel,), float("nan"), device="cuda")
+    del junk
+
+
+def operands(m, n, k, dtype, a_major="k", b_major="n", seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(k, n, device="cuda", dtype=dtype, generator=gen)
+    if a_major == "m":
+        a = a.t().contiguous().t()
+    if b_major == "k":
+        b = b.t().contiguous().t()
+    return a, b
+
+
+def check(c, a, b, out_dtype, what=""):
+    ref = a.double() @ b.double()
+    assert c.shape == ref.shape and c.dtype == out_dtype, what
+    assert torch.isfinite(c).all(), f"{what}: non-finite output"
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[out_dtype], f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 4096),
+                                   (256, 256, 8192), (128, 128, 8192), (1, 4096, 4096),
+                                   (16, 14336, 4096)])
+def test_lab_shapes_with_the_default_dispatch(shape, dtype):
+    a, b = operands(*shape, dtype)
+    poison_allocator(3 * shape[0] * shape[1] * 16)
+    check(matmul(a, b), a, b, dtype, str(shape))
+
+
+@pytest.mark.parametrize("a_major", ["k", "m"])
+@pytest.mark.parametrize("b_major", ["n", "k"])
+@pytest.mark.parametrize("shape", [(333, 520, 1032), (129, 136, 72), (300, 264, 8),
+                                   (1, 8, 8), (1000, 1000, 1000)])
+def test_operand_layouts_and_ragged_shapes(shape, a_major, b_major):
+    a, b = operands(*shape, torch.bfloat16, a_major, b_major, seed=1)
+    poison_allocator(3 * shape[0] * shape[1] * 16)
+    check(matmul(a, b), a, b, torch.bfloat16, f"{shape} {a_major}{b_major}")
+
+
+@pytest.mark.parametrize("mode", ["workspace", "atomic"])
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_split_k_modes(mode, splits, out_dtype):
+    a, b = operands(200, 392, 1000, torch.bfloat16, seed=2)
+    cfg = GemmConfig(block_n=128, split_k=splits, split_mode=mode)
+    poison_allocator(200 * 392 * 8 * 8)
+    check(matmul(a, b, config=cfg, out_dtype=out_dtype), a, b, out_dtype, f"{mode} {splits}")
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(block_m=64, block_n=64, block_k=32, stages=3),
+                                 GemmConfig(block_m=192, block_n=128),
+                                 GemmConfig(block_n=256, block_k=128, stages=3,
+                                            raster_group=1, persistent=False)],
+                         ids=["64x64x32", "192x128", "256x128-grid"])
+def test_tile_configs(cfg):
+    a, b = operands(700, 776, 1576, torch.float16, seed=3)
+    check(matmul(a, b, config=cfg), a, b, torch.float16, cfg.label())
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 700), n8=st.integers(1, 90), k8=st.integers(1, 200),
+       b_major=st.sampled_from(["n", "k"]))
+def test_random_shapes(m, n8, k8, b_major):
+    a, b = operands(m, 8 * n8, 8 * k8, torch.bfloat16, b_major=b_major, seed=m)
+    check(matmul(a, b), a, b, torch.bfloat16, f"{m}x{8 * n8}x{8 * k8} {b_major}")
+
+
+def test_refuses_misaligned_operands():
+    a, b = operands(64, 64, 72, torch.bfloat16)
+    shifted = a.flatten()[1: 1 + 64 * 64].view(64, 64)  # 2 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        matmul(shifted, b[:64])
+    odd_rows = a[:, :71].contiguous()  # rows of 142 bytes
+    with pytest.raises(ValueError, match="multiple of 8 elements"):
+        matmul(odd_rows, b[:71])
