@@ -127,8 +127,10 @@ class _GemmCall:
         if info.arch not in GEMM_ARCHS:
             raise NotImplementedError(f"attnlab.gemm.matmul runs on sm_90 (H100/H200); "
                                       f"{info.name} is {info.arch}")
-        self.a_major, _ = operand_major("a", a, ("m", "k"))
-        self.b_major, _ = operand_major("b", b, ("k", "n"))
+        self.a_major, a_view = operand_major("a", a, ("m", "k"))
+        self.b_major, b_view = operand_major("b", b, ("k", "n"))
+        # Views are rebuilt per call only where a size-1 mode's stride had to be replaced.
+        self.restride = a_view is not a or b_view is not b
         (self.m, self.k), self.n = a.shape, b.shape[1]
         self.out_dtype = out_dtype
         out_name = str(out_dtype).removeprefix("torch.")
@@ -152,12 +154,13 @@ class _GemmCall:
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.empty:
             return torch.zeros((self.m, self.n), dtype=self.out_dtype, device=a.device)
-        _, a = operand_major("a", a, ("m", "k"))
-        _, b = operand_major("b", b, ("k", "n"))
-        for name, t in (("a", a), ("b", b)):
-            if t.data_ptr() % GEMM_ALIGN_BYTES:
-                raise ValueError(f"{name}'s data must start on a {GEMM_ALIGN_BYTES}-byte "
-                                 f"boundary (a view at an odd offset is not); clone it")
+        if self.restride:
+            _, a = operand_major("a", a, ("m", "k"))
+            _, b = operand_major("b", b, ("k", "n"))
+        if (a.data_ptr() | b.data_ptr()) % GEMM_ALIGN_BYTES:
+            name = "a" if a.data_ptr() % GEMM_ALIGN_BYTES else "b"
+            raise ValueError(f"{name}'s data must start on a {GEMM_ALIGN_BYTES}-byte "
+                             f"boundary (a view at an odd offset is not); clone it")
         p = self.plan
         shape = (self.m, self.n)
         if p.split == "none":

@@ -8,8 +8,9 @@ of a second pass over fp32 partials. The model counts time in K-tile steps of on
 
     waves(tiles x splits) x ceil(k_tiles / splits) x step  +  REDUCE_STEPS  (if splits > 1)
 
-over the candidates: the 128 x 256 tile unsplit, and the 128 x 128 tile with every split count
-(its fp32 partials fit shared memory beside a deep ring) when its tiles do not fill the GPU;
+over the candidates: the 128 x 256 tile unsplit, and the 128 x 128 and 64 x 128 tiles with
+every split count (their fp32 partials fit shared memory beside a deep ring) when their tiles
+do not fill the GPU;
 the cheapest wins (the larger tile, then the fewest slices, on a tie). A shape with M <= 64 (a
 decoding step's few tokens) takes 64-row tiles.
 """
@@ -79,9 +80,9 @@ def candidates(m: int, n: int, k: int, multiprocessors: int,
     wide = default_config(m, n, k)
     narrow = wide.replace(block_n=128)
     pairs = [(wide, 1), (narrow, 1)]
-    narrow_tiles = math.ceil(m / narrow.block_m) * math.ceil(n / narrow.block_n)
-    if narrow_tiles < multiprocessors:
-        pairs += [(narrow, s) for s in counts if s > 1]
+    for small in {narrow, narrow.replace(block_m=64)}:
+        if math.ceil(m / small.block_m) * math.ceil(n / small.block_n) < multiprocessors:
+            pairs += [(small, s) for s in counts if s > 1]
     return pairs
 
 

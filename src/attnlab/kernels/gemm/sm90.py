@@ -214,9 +214,9 @@ class HgemmSm90:
             acc.fill(0.0)
             # The first K tile (every slice has one), then one stage's MMAs in flight while
             # the next stage is awaited.
-            self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+            state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
             for _ in cutlass.range(k0 + 1, k1, unroll=1):
-                self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+                state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
                 warpgroup.wait_group(1)
                 ring.consumer_release(release)
                 release.advance()
@@ -231,12 +231,14 @@ class HgemmSm90:
     @cute.jit
     def _mma_stage(self, ring, state, mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
                    tCrB: cute.Tensor):
-        """Wait for ``state``'s stage, issue its MMAs (not waited for), advance ``state``."""
+        """Wait for ``state``'s stage, issue its MMAs (not waited for); returns the advanced
+        state (a jit function's changes to its arguments do not reach a caller's loop)."""
         ring.consumer_wait(state)
         stage = uniform_stage(state)
         wgmma_gemm(mma, acc, tCrA[None, None, None, stage], tCrB[None, None, None, stage],
                    zero_init=False, wait=False)
         state.advance()
+        return state
 
     @cute.jit
     def _epilogue(self, acc: cute.Tensor, sC: cute.Tensor, tma_c: tuple,
