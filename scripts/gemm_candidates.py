@@ -15,8 +15,8 @@ SHAPES = [(1024, 1024, 1024), (512, 512, 4096), (256, 256, 4096), (256, 256, 819
           (128, 128, 8192), (1, 4096, 4096), (16, 4096, 4096)]
 CONFIGS = {f"{bm}x{bn} s{s} {mode[0]}": GemmConfig(block_m=bm, block_n=bn, split_k=s,
                                                    split_mode=mode)
-           for bm in (64, 128) for bn in (64, 128) for s in (1, 4, 8, 16)
-           for mode in ("workspace", "atomic") if not (s == 1 and mode == "atomic")}
+           for bm in (64, 128) for bn in (64, 128) for s in (1, 2, 4, 8, 16)
+           for mode in ("serial", "workspace") if not (s == 1 and mode != "serial")}
 
 
 def main() -> None:

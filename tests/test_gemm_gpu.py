@@ -69,7 +69,7 @@ def test_operand_layouts_and_ragged_shapes(shape, a_major, b_major):
     check(matmul(a, b), a, b, torch.bfloat16, f"{shape} {a_major}{b_major}")
 
 
-@pytest.mark.parametrize("mode", ["workspace", "atomic"])
+@pytest.mark.parametrize("mode", ["serial", "workspace", "atomic"])
 @pytest.mark.parametrize("splits", [2, 3, 7])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_split_k_modes(mode, splits, out_dtype):
@@ -105,3 +105,16 @@ def test_refuses_misaligned_operands():
     odd_rows = a[:, :71].contiguous()  # rows of 142 bytes
     with pytest.raises(ValueError, match="multiple of 8 elements"):
         matmul(odd_rows, b[:71])
+
+
+def test_serial_split_k_is_deterministic_and_leaves_counters_zero():
+    from attnlab.gemm.api import _counters
+
+    a, b = operands(192, 264, 4096, torch.bfloat16, seed=4)
+    cfg = GemmConfig(block_m=64, block_n=128, split_k=8, split_mode="serial")
+    first = matmul(a, b, config=cfg)
+    check(first, a, b, torch.bfloat16, "serial")
+    for _ in range(5):
+        assert torch.equal(matmul(a, b, config=cfg), first)
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for c in _counters.values())

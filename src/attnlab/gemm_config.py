@@ -20,8 +20,8 @@ from typing import Literal
 
 from attnlab.config import SMEM_CAPACITY, WGMMA_M, ConfigError
 
-SplitMode = Literal["workspace", "atomic"]
-SPLIT_MODES: tuple[str, ...] = ("workspace", "atomic")
+SplitMode = Literal["serial", "workspace", "atomic"]
+SPLIT_MODES: tuple[str, ...] = ("serial", "workspace", "atomic")
 #: Output dtypes the kernels write (fp32 also for split-K's partial sums).
 OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 #: Most ring stages worth having: past this the TMA latency is long hidden.
@@ -55,9 +55,11 @@ class GemmConfig:
             the epilogue's TMA store drains); else one CTA per tile.
         split_k: slices of K per output tile (1: none; 0: chosen per shape by
             ``attnlab.gemm.dispatch``).
-        split_mode: how slices meet: ``"workspace"`` (each writes fp32 partials, a second
-            kernel sums them in order: deterministic) or ``"atomic"`` (TMA reduce-adds into
-            an fp32 accumulator in L2: one kernel fewer, order-dependent rounding).
+        split_mode: how slices meet: ``"serial"`` (one kernel: each slice stores its fp32
+            partial sums, the last slice of a tile to finish adds them up in split order and
+            writes C: deterministic), ``"workspace"`` (the same partials summed in order by a
+            second kernel: the lab's two-pass form) or ``"atomic"`` (TMA reduce-adds into an
+            fp32 accumulator in L2: order-dependent rounding, the lab's Pattern A).
     """
 
     block_m: int = 128
@@ -67,7 +69,7 @@ class GemmConfig:
     raster_group: int = 8
     persistent: bool = True
     split_k: int = 1
-    split_mode: SplitMode = "workspace"
+    split_mode: SplitMode = "serial"
 
     def __post_init__(self):
         if self.block_m not in (64, 128, 192):

@@ -142,10 +142,13 @@ class _GemmCall:
             return
         self.plan: Plan = plan(self.m, self.n, self.k, info.multiprocessors, config)
         dtype = str(a.dtype).removeprefix("torch.")
-        kernel_out = out_name if self.plan.split == "none" else "float32"
+        kernel_out = out_name if self.plan.split in ("none", "serial") else "float32"
         spec = GemmSpec(binary_config(self.plan.config), info.arch, dtype, kernel_out,
                         self.a_major, self.b_major, self.plan.split)
         self.gemm = kernel_cache.get(spec).fn
+        cfg = self.plan.config
+        self.counters = (math.ceil(self.m / cfg.block_m) * math.ceil(self.n / cfg.block_n)
+                         * cfg.num_consumers)
         self.reduce = None
         if self.plan.split == "workspace" or (self.plan.split == "atomic"
                                               and out_dtype != torch.float32):
@@ -165,20 +168,42 @@ class _GemmCall:
         shape = (self.m, self.n)
         if p.split == "none":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
-            self.gemm(a, b, c, 1, p.num_ctas)
+            self.gemm(a, b, c, None, None, 1, p.num_ctas)
+            return c
+        if p.split == "serial":
+            c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
+            partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
+            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), p.splits,
+                      p.num_ctas)
             return c
         if p.split == "workspace":
             partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, p.splits, p.num_ctas)
         else:
             partials = torch.zeros(shape, dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, p.splits, p.num_ctas)
             if self.reduce is None:
                 return partials
             partials = partials[None]
         c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
         self.reduce(partials, c)
         return c
+
+
+#: Serial split-K's tile counters, per (device, stream): zero between launches (the kernel
+#: leaves them so), never shared by launches that may run at once.
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
+    """At least ``count`` zeroed int32 tile counters for launches on the current stream."""
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(),
+           torch.cuda.current_stream(dev).cuda_stream)
+    counters = _counters.get(key)
+    if counters is None or counters.numel() < count:
+        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=dev)
+        _counters[key] = counters
+    return counters
 
 
 def forget_calls() -> None:

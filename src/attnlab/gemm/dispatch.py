@@ -6,7 +6,7 @@ fill the GPU leaves SMs idle for its whole K loop, and slicing K puts them to wo
 of a second pass over fp32 partials. The model counts time in K-tile steps of one CTA (a
 128 x 256 step is 1; smaller tiles cost their share of it, no less than ``MIN_STEP``):
 
-    waves(tiles x splits) x ceil(k_tiles / splits) x step  +  REDUCE_STEPS  (if splits > 1)
+    waves(tiles x splits) x ceil(k_tiles / splits) x step  +  REDUCE_STEPS[mode]  (if split)
 
 over the candidates: the 128 x 256 tile unsplit, and the 128 x 128 and 64 x 128 tiles with
 every split count (their fp32 partials fit shared memory beside a deep ring) when their tiles
@@ -24,9 +24,10 @@ from attnlab.gemm_config import GemmConfig
 
 #: Split counts the model considers.
 SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
-#: The second pass's cost in K-tile steps (its launch, the fp32 partials' round trip): about
-#: 4 us against 0.3-0.6 us a K-tile step.
-REDUCE_STEPS = 8
+#: The slices' meeting in K-tile steps (0.3-0.6 us each): the serial fix-up's partials round
+#: trip through L2 (about 1 us); a second kernel's launch and pass, or the accumulator's
+#: zeroing and conversion (about 4 us).
+REDUCE_STEPS = {"serial": 2, "workspace": 8, "atomic": 8}
 #: The cheapest K-tile step the model counts (small tiles are bound by memory, not MMAs).
 MIN_STEP = 0.3
 #: Fewest K tiles a slice should keep (the ring's prologue and the epilogue amortised).
@@ -65,7 +66,7 @@ def cost(config: GemmConfig, splits: int, m: int, n: int, k: int, multiprocessor
     k_tiles = math.ceil(k / config.block_k)
     waves = math.ceil(tiles * splits / multiprocessors)
     return (waves * math.ceil(k_tiles / splits) * step_cost(config)
-            + (REDUCE_STEPS if splits > 1 else 0))
+            + (REDUCE_STEPS[config.split_mode] if splits > 1 else 0))
 
 
 def candidates(m: int, n: int, k: int, multiprocessors: int,

@@ -18,8 +18,9 @@ from attnlab.kernels.abi import FlatSpec
 
 #: Operand dtypes of the HGEMM.
 GEMM_DTYPES = ("float16", "bfloat16")
-#: How split-K slices reach C: not at all, partial sums in a workspace, reduce-adds into C.
-SPLITS = ("none", "workspace", "atomic")
+#: How split-K slices reach C: not at all, partials summed by the last slice, partials summed
+#: by a second kernel, reduce-adds into C.
+SPLITS = ("none", "serial", "workspace", "atomic")
 #: Bytes every TMA stride and base must be a multiple of.
 GEMM_ALIGN_BYTES = 16
 
@@ -44,8 +45,8 @@ class GemmSpec(FlatSpec):
         out_dtype: C's dtype (``"float32"`` for split-K's partials and reduce-adds).
         a_major, b_major: the unit-stride mode of A (``"k"`` or ``"m"``) and B (``"k"`` or
             ``"n"``).
-        split: ``"none"``, ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is
-            reduce-added to).
+        split: ``"none"``, ``"serial"`` (with a workspace and tile counters),
+            ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is reduce-added to).
     """
 
     KIND: ClassVar[str] = "gemm"
@@ -78,6 +79,11 @@ class GemmArgs(NamedTuple):
     Attributes:
         a: ``[M, K]``; b: ``[K, N]`` (see the module docstring for their strides).
         c: ``[M, N]`` in ``out_dtype``, or fp32 ``[splits, M, N]`` (``split="workspace"``).
+        workspace: fp32 ``[splits, M, N]``, the slices' partial sums (``split="serial"``,
+            else None).
+        counters: int32, one per output tile and consumer warpgroup, zero before the launch
+            and left zero after it: how many slices of the tile have stored their partials
+            (``split="serial"``, else None).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """
@@ -85,6 +91,8 @@ class GemmArgs(NamedTuple):
     a: Any
     b: Any
     c: Any
+    workspace: Any
+    counters: Any
     num_splits: Any
     num_ctas: Any
 
@@ -137,11 +145,17 @@ def _fake_matrix(dtype: str, unit_stride_mode: int, batched: bool = False):
 def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
     """Compile-time stand-ins for an HGEMM launch's arguments under ``spec``."""
     import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
 
+    serial = spec.split == "serial"
     return GemmArgs(
         _fake_matrix(spec.dtype, 1 if spec.a_major == "k" else 0),
         _fake_matrix(spec.dtype, 1 if spec.b_major == "n" else 0),
         _fake_matrix(spec.out_dtype, 1, batched=spec.split == "workspace"),
+        _fake_matrix("float32", 1, batched=True) if serial else None,
+        make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+        if serial else None,
         cutlass.Int32(1), cutlass.Int32(1))
 
 

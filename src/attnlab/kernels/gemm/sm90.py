@@ -18,9 +18,13 @@ epilogue) are what this kernel is made of, in their Hopper form:
   clips the rows and columns past M and N); the store drains while the next tile's MMAs run,
   and is waited for only before the slice is written again.
 * **Split-K.** Work item ``(m, n, s)`` covers K tiles ``[s * per, (s + 1) * per)``. With
-  ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]`` (summed
-  in order by ``kernels/gemm/reduce.py``: deterministic); with ``split="atomic"`` the epilogue's
-  TMA copy is a reduce-add into an fp32 C (the adds happen in L2).
+  ``split="serial"`` slice ``s`` stores its fp32 partial sums straight from registers to
+  ``workspace[s]`` and counts itself in at the tile's counter (a fence, then one atomic per
+  warpgroup); the slice that counts last adds the tile's partials up in split order (its own
+  from registers), resets the counter and runs the epilogue: one kernel, deterministic. With
+  ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]``
+  (summed in order by ``kernels/gemm/reduce.py``); with ``split="atomic"`` the epilogue's TMA
+  copy is a reduce-add into an fp32 C (the adds happen in L2).
 
 The host guarantees every slice at least one K tile (``attnlab.gemm.dispatch``); a K tail
 past the tensor is zero-filled by the TMA unit, so M, N and K need not be tile multiples.
@@ -66,6 +70,7 @@ class HgemmSm90:
     # ----------------------------------------------------------------------------------------
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
+                 workspace: cute.Tensor | None, counters: cute.Tensor | None,
                  num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
         """Launch on the arguments of ``kernels.gemm.abi.GemmArgs`` (and the stream)."""
         cfg = self.cfg
@@ -99,12 +104,14 @@ class HgemmSm90:
         SharedStorage = shared_storage({
             "sA": shared_tile(self.dtype, sA_layout), "sB": shared_tile(self.dtype, sB_layout),
             "sC": shared_tile(self.out_dtype, sC_layout),
-            "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages]})
+            "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages],
+            # Serial split-K: each warpgroup's count at its tile's counter, for all its threads.
+            "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]})
         m_tiles = cute.ceil_div(a.shape[0], bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         k_tiles = cute.ceil_div(a.shape[1], bk)
-        self.kernel(tma_a, tma_b, tma_c, mma, mma_wg, sA_layout, sB_layout, sC_layout,
-                    SharedStorage, m_tiles, n_tiles, k_tiles, num_splits).launch(
+        self.kernel(tma_a, tma_b, tma_c, workspace, counters, mma, mma_wg, sA_layout, sB_layout,
+                    sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles, num_splits).launch(
             grid=[num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
 
@@ -117,7 +124,8 @@ class HgemmSm90:
     # Device side
     # ----------------------------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, mma: cute.TiledMma,
+    def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, workspace: cute.Tensor | None,
+               counters: cute.Tensor | None, mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
@@ -146,7 +154,9 @@ class HgemmSm90:
                 self._produce(tma_a, tma_b, sA, sB, ring, walk)
         else:
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
-            self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk)
+            arrivals = storage.arrivals.get_tensor(cute.make_layout(self.num_consumers))
+            self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
+                          (workspace, counters, arrivals))
 
     def _items(self, walk: tuple):
         """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
@@ -193,8 +203,10 @@ class HgemmSm90:
 
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
-                 sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple):
-        """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue."""
+                 sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
+                 serial: tuple):
+        """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
+        (``serial``: the workspace, the tile counters and the warpgroups' arrival slots)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -223,7 +235,13 @@ class HgemmSm90:
             warpgroup.wait_group(0)
             ring.consumer_release(release)
             release.advance()
-            self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, split)
+            if cutlass.const_expr(self.spec.split == "serial"):
+                coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
+                if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
+                                  walk):
+                    self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
+            else:
+                self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, split)
         if ctidx % WARPGROUP < 32:
             # Shared memory must outlive the last store's reads of it.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -239,6 +257,65 @@ class HgemmSm90:
                    zero_init=False, wait=False)
         state.advance()
         return state
+
+    @cute.jit
+    def _count_in(self, acc: cute.Tensor, coords: cute.Tensor, serial: tuple, wtidx, wg,
+                  item: tuple, walk: tuple) -> cutlass.Boolean:
+        """Serial split-K: store this slice's partial sums, count in at the tile's counter;
+        the slice that counts last sums the tile's partials into ``acc`` in split order,
+        resets the counter and returns True."""
+        workspace, counters, arrivals = serial
+        m, n, split = item
+        m_tiles, n_tiles, _, num_splits = walk
+        counter = (m * n_tiles + n) * self.num_consumers + wg
+        self._partial(acc, coords, workspace, m, n, split, load=False)
+        # Release: this warpgroup's partials are visible before its count.
+        cute.arch.fence_acq_rel_gpu()
+        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
+        if wtidx == 0:
+            arrivals[wg] = cute.arch.atomic_add(counters.iterator + counter, cutlass.Int32(1),
+                                                sem="acq_rel", scope="gpu")
+        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
+        last = arrivals[wg] == num_splits - 1
+        if last:
+            # Acquire: the other slices' partials, counted in before this one.
+            cute.arch.fence_acq_rel_gpu()
+            total = cute.make_fragment_like(acc)
+            total.fill(0.0)
+            for s in cutlass.range(num_splits, unroll=1):
+                if s == split:
+                    total.store(total.load() + acc.load())
+                else:
+                    self._partial(total, coords, workspace, m, n, s, load=True)
+            acc.store(total.load())
+            if wtidx == 0:
+                counters[counter] = 0
+        return last
+
+    @cute.jit
+    def _partial(self, acc: cute.Tensor, coords: cute.Tensor, workspace: cute.Tensor, m, n,
+                 split, load: cutlass.Constexpr):
+        """``acc`` (this thread's accumulator of tile ``(m, n)``) stored to
+        ``workspace[split]``, or with ``load`` the slice's partials added to it; column pairs
+        (8-byte accesses), the tile's rows and columns past M and N left alone."""
+        bm, bn, _ = self.tile
+        rows_left = workspace.shape[1] - m * bm
+        cols_left = workspace.shape[2] - n * bn
+        tile = cute.local_tile(workspace[split, None, None], (bm, bn), (m, n))
+        pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(acc) // 2):
+            row, col = coords[2 * i]
+            if row < rows_left:
+                if col < cols_left:
+                    dst = cute.local_tile(tile[row, None], (2,), (col // 2,))
+                    if cutlass.const_expr(load):
+                        pair.store(dst.load())
+                        acc[2 * i] = acc[2 * i] + pair[0]
+                        acc[2 * i + 1] = acc[2 * i + 1] + pair[1]
+                    else:
+                        pair[0] = acc[2 * i]
+                        pair[1] = acc[2 * i + 1]
+                        dst.store(pair.load())
 
     @cute.jit
     def _epilogue(self, acc: cute.Tensor, sC: cute.Tensor, tma_c: tuple,
