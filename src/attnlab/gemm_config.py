@@ -69,7 +69,7 @@ class GemmConfig:
     raster_group: int = 8
     persistent: bool = True
     split_k: int = 1
-    split_mode: SplitMode = "serial"
+    split_mode: SplitMode = "workspace"
 
     def __post_init__(self):
         if self.block_m not in (64, 128, 192):
