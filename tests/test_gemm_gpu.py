@@ -60,7 +60,7 @@ def test_lab_shapes_with_the_default_dispatch(shape, dtype):
                                    (1, 8, 8), (1000, 1000, 1000), (136, 200, 520)])
 def test_operand_layouts_and_ragged_shapes(shape, a_major, b_major):
     a, b = operands(*shape, torch.bfloat16, a_major, b_major, seed=1)
-    if a_major == "m" and shape[0] % 8:
+    if a_major == "m" and shape[0] % 8 and shape[0] > 1:
         # A column-major A's column stride is M: the TMA unit needs 16-byte strides.
         with pytest.raises(ValueError, match="multiple of 8 elements"):
             matmul(a, b)
