@@ -71,6 +71,8 @@ case $mode in
     python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gemm_gpu.py 2>&1 | tee -a "$log" \
       | tail -25
     attnlab bench --family gemm --dtypes bf16,fp16 --out "$OUT" "${@:2}"
+    attnlab bench --family gemm --dtypes int8 --out "$OUT/int8" \
+      --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x14336x4096,1024x4096x4096,16x4096x4096
     ;;
   explain)
     attnlab profile k07 --out "$OUT"

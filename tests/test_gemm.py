@@ -91,6 +91,17 @@ def test_validation_messages(args, error, match):
         _check(*args, torch.float16, None)
 
 
+def test_int8_plans_one_slice_of_128_byte_k_steps():
+    p = plan(4096, 4096, 4096, 132, block_k=128, allow_split=False)
+    assert p.splits == 1 and p.config.block_k == 128
+    assert plan(64, 64, 1 << 17, 132, block_k=128, allow_split=False).splits == 1
+    assert GemmConfig(block_k=128).ring_stages("sm_90a", "bfloat16", "int8") == 3
+    # An fp32 C tile of 128 x 256 would leave two stages: the 128-column tile instead.
+    wide = plan(4096, 4096, 4096, 132, block_k=128, allow_split=False, in_dtype="int8",
+                out_dtype="float32")
+    assert wide.config.block_n == 128
+
+
 def test_spec_round_trips_and_ignores_launch_knobs():
     from attnlab.kernels.abi import spec_from_dict
 
@@ -123,16 +134,31 @@ def _sass_counts(spec) -> tuple[str, collections.Counter]:
     GemmSpec(GemmConfig(block_m=64, block_n=128), "sm_90a", "float16", "float32", "k", "k",
              "workspace"),
     GemmSpec(GemmConfig(block_n=128), "sm_90a", "bfloat16", "float32", "m", "n", "atomic"),
+    GemmSpec(GemmConfig(block_m=64, block_n=128), "sm_90a", "bfloat16", "bfloat16", "k", "n",
+             "serial"),
+    GemmSpec(GemmConfig(block_k=128), "sm_90a", "int8", "bfloat16", "k", "k", "none",
+             "scale_zero"),
 ], ids=lambda s: s.label + s.variant())
 def test_kernels_cross_compile_without_spills(spec):
     usage, ops = _sass_counts(spec)
     assert "LOCAL:0" in usage, usage
-    mma_steps = spec.config.block_k // 16
+    int8 = spec.dtype == "int8"
+    mma_steps = spec.config.block_k // (32 if int8 else 16)
     # One stage's k-steps, at the loop's two issue points (the peeled first K tile).
-    assert ops["HGMMA"] == 2 * mma_steps, ops
-    assert ops["UTMALDG"] >= 2 and ops["LDG"] == 0
+    assert ops["IGMMA" if int8 else "HGMMA"] == 2 * mma_steps, ops
+    assert ops["UTMALDG"] >= 2
     store = "UTMAREDG" if spec.split == "atomic" else "UTMASTG"
     assert ops[store] >= 1, ops
+    if int8:
+        # Each of a thread's 2 rows and block_n / 4 columns loads its scale and its zero-point
+        # term once (not once per element).
+        assert ops["LDG"] == 2 * (2 + spec.config.block_n // 4), ops
+    elif spec.split == "serial":
+        # The partials leave and return as column pairs: one 8-byte access per pair.
+        pairs = spec.config.block_n // 4
+        assert ops["STG"] == pairs + 1 and ops["LDG"] == pairs and ops["ATOMG"] == 1, ops
+    else:
+        assert ops["LDG"] == 0, ops
 
 
 def test_reduce_kernel_vectorises():

@@ -118,3 +118,43 @@ def test_serial_split_k_is_deterministic_and_leaves_counters_zero():
         assert torch.equal(matmul(a, b, config=cfg), first)
     torch.cuda.synchronize()
     assert all(int(c.abs().sum()) == 0 for c in _counters.values())
+
+
+# ---- INT8 ------------------------------------------------------------------------------------
+def int8_reference(a_q, b_q, scale_a, scale_b, zero_b):
+    b = b_q.double() - (0 if zero_b is None else zero_b.double()[None, :])
+    return (scale_a.double()[:, None] * a_q.double()) @ (b * scale_b.double()[None, :])
+
+
+@pytest.mark.parametrize("zero_points", [True, False], ids=["asymmetric", "symmetric"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (333, 520, 1040), (1, 264, 128),
+                                   (16, 4096, 4096), (200, 136, 16)])
+def test_int8_matmul_dequantizes_in_the_epilogue(shape, out_dtype, zero_points):
+    from attnlab.bench.gemm import int8_operands
+    from attnlab.gemm import int8_matmul
+
+    m, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(m + n)
+    a_q, b_q, scale_a, scale_b, zero_b = int8_operands(m, n, k, gen)
+    zero_b = zero_b if zero_points else None
+    poison_allocator(3 * m * n * 8)
+    out = int8_matmul(a_q, b_q, scale_a, scale_b, zero_b=zero_b, out_dtype=out_dtype)
+    ref = int8_reference(a_q, b_q, scale_a, scale_b, zero_b)
+    assert out.dtype == out_dtype and torch.isfinite(out).all()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[out_dtype], f"{shape}: relative error {err:.2e}"
+
+
+def test_int8_matmul_refuses_what_it_cannot_read():
+    from attnlab.bench.gemm import int8_operands
+    from attnlab.gemm import int8_matmul
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a_q, b_q, scale_a, scale_b, _ = int8_operands(64, 64, 128, gen)
+    with pytest.raises(ValueError, match="K contiguous"):
+        int8_matmul(a_q, b_q.contiguous(), scale_a, scale_b)
+    with pytest.raises(ValueError, match="float32 vector of 64"):
+        int8_matmul(a_q, b_q, scale_a[:32], scale_b)
+    with pytest.raises(TypeError, match="int8"):
+        int8_matmul(a_q.float(), b_q, scale_a, scale_b)

@@ -1,9 +1,13 @@
-"""``attnlab bench --family gemm``: attnlab's HGEMM against cuBLAS (``torch.matmul``).
+"""``attnlab bench --family gemm``: attnlab's GEMMs against cuBLAS.
 
 A point is ``M x N x K`` in one dtype, B row-major (``"n"``) or a transposed ``[N, K]`` weight
-(``"k"``, as ``F.linear`` holds it). Both implementations see the same rotating input sets
-(together larger than L2) and are timed in the same rounds: end to end (calls back to back,
-host included: the headline) and device only (CUDA events around each call).
+(``"k"``, as ``F.linear`` holds it). fp16/bf16 points time ``attnlab.gemm.matmul`` against
+``torch.matmul``; int8 points (B always a transposed weight) time ``attnlab.gemm.int8_matmul``
+with per-row scales and per-column scales and zero points, dequantized to bf16, against
+``torch._int_mm`` (cuBLASLt, int32 out, no dequantization: the issue's peer). Both
+implementations see the same rotating input sets (together larger than L2) and are timed in
+the same rounds: end to end (calls back to back, host included: the headline) and device only
+(CUDA events around each call).
 """
 
 from __future__ import annotations
@@ -76,11 +80,15 @@ class GemmResult:
 
 
 def gemm_sets(point: GemmPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
-    """``(a, b)`` input sets, as many as span ``L2_SPAN`` x L2 (at least one)."""
+    """Input sets, as many as span ``L2_SPAN`` x L2 (at least one): ``(a, b)``, or for int8
+    ``(a_q, b_q, scale_a, scale_b, zero_b)``."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    dt = getattr(torch, point.dtype)
-    size = 2 * (point.m * point.k + point.k * point.n)
+    width = 1 if point.dtype == "int8" else 2
+    size = width * (point.m * point.k + point.k * point.n)
     count = max(1, min(MAX_SETS, math.ceil(L2_SPAN * l2_bytes / size)))
+    if point.dtype == "int8":
+        return [int8_operands(point.m, point.n, point.k, gen) for _ in range(count)]
+    dt = getattr(torch, point.dtype)
     sets = []
     for _ in range(count):
         a = torch.randn(point.m, point.k, device="cuda", dtype=dt, generator=gen)
@@ -90,6 +98,28 @@ def gemm_sets(point: GemmPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
             b = torch.randn(point.k, point.n, device="cuda", dtype=dt, generator=gen)
         sets.append((a, b))
     return sets
+
+
+def int8_operands(m: int, n: int, k: int, gen: torch.Generator) -> tuple:
+    """Random int8 ``a_q [M, K]``, ``b_q = w_q.t()`` of a ``[N, K]`` weight, positive fp32
+    scales and zero points in [-8, 8]."""
+    def ints(*shape):
+        return torch.randint(-128, 128, shape, device="cuda", dtype=torch.int8, generator=gen)
+
+    def uniform(length, low, high):
+        return low + (high - low) * torch.rand(length, device="cuda", generator=gen)
+
+    return (ints(m, k), ints(n, k).t(), uniform(m, 0.01, 0.02), uniform(n, 0.01, 0.02),
+            uniform(n, -8, 8).round())
+
+
+def int8_impls() -> dict[str, Callable]:
+    """``int_mm`` (``torch._int_mm``, int32 out) and ``attnlab`` (``int8_matmul``, bf16 out
+    with the zero-point term)."""
+    from attnlab.gemm import int8_matmul
+
+    return {"int_mm": lambda a, b, *_: torch._int_mm(a, b),
+            "attnlab": lambda a, b, sa, sb, zb: int8_matmul(a, b, sa, sb, zero_b=zb)}
 
 
 def gemm_impls(configs: dict[str, object] | None = None) -> dict[str, Callable]:

@@ -33,31 +33,51 @@ def parse_shapes(text: str | None) -> list[tuple[int, int, int, str]]:
     return shapes
 
 
-def bench_gemm(shapes: str | None, dtypes: list[str], runs: int, out: Path) -> None:
+GEMM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+               "float16": "float16", "int8": "int8"}
+
+
+def parse_gemm_dtypes(text: str) -> list[str]:
+    try:
+        return [GEMM_DTYPES[part.strip()] for part in text.split(",") if part.strip()]
+    except KeyError as exc:
+        raise typer.BadParameter(f"unknown dtype {exc.args[0]!r}; use bf16, fp16 and/or int8",
+                                 param_hint="--dtypes") from None
+
+
+def bench_gemm(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     import torch
 
     from attnlab import device
-    from attnlab.bench.gemm import GemmPoint, gemm_impls, measure_gemm
+    from attnlab.bench.gemm import GemmPoint, gemm_impls, int8_impls, measure_gemm
     from attnlab.gemm.dispatch import plan
+    from attnlab.gemm.int8 import INT8_BLOCK_K
 
     require_gpu()
     info = device.info(torch.device("cuda"))
-    points = [GemmPoint(m, n, k, dtype, major) for dtype in dtypes
-              for m, n, k, major in parse_shapes(shapes)]
+    # INT8 reads B K-major: always the transposed-weight layout.
+    points = [GemmPoint(m, n, k, dtype, "k" if dtype == "int8" else major)
+              for dtype in parse_gemm_dtypes(dtypes) for m, n, k, major in parse_shapes(shapes)]
     out.mkdir(parents=True, exist_ok=True)
+    results = []
     with progress_bar() as progress:
         task = progress.add_task("gemm", total=len(points))
-        results = measure_gemm(points, gemm_impls(), info.l2_bytes, runs=runs,
-                               on_point=lambda p: progress.advance(task))
-    table = Table(title=f"attnlab bench --family gemm on {info.name}: TFLOP/s end to end "
-                        "(device only); ratio to cuBLAS in the same run", title_justify="left")
-    for column in ("shape", "dtype", "plan", "cublas", "attnlab", "ratio", "device ratio"):
+        for family, impls in (("16-bit", gemm_impls()), ("int8", int8_impls())):
+            chosen = [p for p in points if (p.dtype == "int8") == (family == "int8")]
+            results += measure_gemm(chosen, impls, info.l2_bytes, runs=runs,
+                                    on_point=lambda p: progress.advance(task))
+    table = Table(title=f"attnlab bench --family gemm on {info.name}: TFLOP/s (int8: TOP/s) end "
+                        "to end (device only); ratio to cuBLAS (int8: torch._int_mm) in the same "
+                        "run", title_justify="left")
+    for column in ("shape", "dtype", "plan", "peer", "attnlab", "ratio", "device ratio"):
         table.add_column(column, justify="left" if column in ("shape", "plan") else "right")
     rows = []
     for point in points:
         mine = {r.impl: r for r in results if r.point == point}
-        ours, peer = mine["attnlab"], mine["cublas"]
-        p = plan(point.m, point.n, point.k, info.multiprocessors)
+        ours, peer = mine["attnlab"], mine["int_mm" if point.dtype == "int8" else "cublas"]
+        p = (plan(point.m, point.n, point.k, info.multiprocessors, block_k=INT8_BLOCK_K,
+                  allow_split=False, in_dtype="int8") if point.dtype == "int8"
+             else plan(point.m, point.n, point.k, info.multiprocessors))
         cells = [f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r.tflops else (r.error or "-")[:40]
                  for r in (peer, ours)]
         ratio = (f"{ours.tflops / peer.tflops:.2f}x" if ours.tflops and peer.tflops else "-")

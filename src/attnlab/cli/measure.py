@@ -108,7 +108,7 @@ def bench(
                                "--head-dims."),
     family: str = typer.Option("attention", help="attention, or gemm: attnlab.gemm.matmul "
                                "against cuBLAS on the lab's shapes and an LLM projection set "
-                               "(--dtypes, --shapes)."),
+                               "(--dtypes bf16,fp16,int8; --shapes)."),
     shapes: str = typer.Option(None, help="With --family gemm: MxNxK shapes, comma-separated "
                                "(a trailing 't' takes B as a transposed [N, K] weight)."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
@@ -128,7 +128,7 @@ def bench(
     if family == "gemm":
         from attnlab.cli.gemm import bench_gemm
 
-        bench_gemm(shapes, parse_dtypes(dtypes), runs, out)
+        bench_gemm(shapes, dtypes, runs, out)
         return
     if family != "attention":
         raise typer.BadParameter(f"expected attention or gemm, got {family!r}",

@@ -1,10 +1,12 @@
 """The lab's GEMM family: the sm_90a HGEMM with split-K and shape dispatch.
 
-``matmul(a, b)`` is ``a @ b`` for fp16/bf16 matrices (fp32 accumulation); ``GemmConfig`` holds
-the kernel's knobs; ``dispatch.plan`` says how a shape runs.
+``matmul(a, b)`` is ``a @ b`` for fp16/bf16 matrices (fp32 accumulation);
+``int8_matmul(a_q, b_q, scale_a, scale_b, zero_b=...)`` the dequantized product of int8 ones;
+``GemmConfig`` holds the kernel's knobs; ``dispatch.plan`` says how a shape runs.
 """
 
 from attnlab.gemm.api import matmul
+from attnlab.gemm.int8 import int8_matmul
 from attnlab.gemm_config import GemmConfig
 
-__all__ = ["GemmConfig", "matmul"]
+__all__ = ["GemmConfig", "int8_matmul", "matmul"]

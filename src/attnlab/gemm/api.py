@@ -24,6 +24,8 @@ _IN_DTYPES = (torch.float16, torch.bfloat16)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _calls: dict[tuple, _GemmCall] = {}
+#: The INT8 epilogue's arguments of a 16-bit GEMM: none.
+NO_DEQUANT = (None, None, None, None)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
@@ -62,14 +64,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = 
     return call(a, b)
 
 
-def _check(a: object, b: object, out_dtype: object, config: object) -> None:
+def _check(a: object, b: object, out_dtype: object, config: object,
+           in_dtypes: tuple[torch.dtype, ...] = _IN_DTYPES) -> None:
+    """Types, ranks, dtypes, shapes, devices and options of a GEMM's operands (what needs no
+    GPU); the layout and address rules are ``operand_major``'s and the call's."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be a 2-D matrix, got shape {tuple(t.shape)}")
-        if t.dtype not in _IN_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16")
+        if t.dtype not in in_dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in in_dtypes)
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: {names}")
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must share one dtype, got {a.dtype} and {b.dtype}")
     if a.shape[1] != b.shape[0]:
@@ -140,8 +146,9 @@ class _GemmCall:
         self.empty = self.m == 0 or self.n == 0 or self.k == 0
         if self.empty:
             return
-        self.plan: Plan = plan(self.m, self.n, self.k, info.multiprocessors, config)
         dtype = str(a.dtype).removeprefix("torch.")
+        self.plan: Plan = plan(self.m, self.n, self.k, info.multiprocessors, config,
+                               in_dtype=dtype, out_dtype=out_name)
         kernel_out = out_name if self.plan.split in ("none", "serial") else "float32"
         spec = GemmSpec(binary_config(self.plan.config), info.arch, dtype, kernel_out,
                         self.a_major, self.b_major, self.plan.split)
@@ -168,20 +175,20 @@ class _GemmCall:
         shape = (self.m, self.n)
         if p.split == "none":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
-            self.gemm(a, b, c, None, None, 1, p.num_ctas)
+            self.gemm(a, b, c, None, None, *NO_DEQUANT, 1, p.num_ctas)
             return c
         if p.split == "serial":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
             partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), p.splits,
-                      p.num_ctas)
+            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), *NO_DEQUANT,
+                      p.splits, p.num_ctas)
             return c
         if p.split == "workspace":
             partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, None, None, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, *NO_DEQUANT, p.splits, p.num_ctas)
         else:
             partials = torch.zeros(shape, dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, None, None, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, *NO_DEQUANT, p.splits, p.num_ctas)
             if self.reduce is None:
                 return partials
             partials = partials[None]

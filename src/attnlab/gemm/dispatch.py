@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attnlab.gemm_config import GemmConfig
+from attnlab.config import SMEM_CAPACITY
+from attnlab.gemm_config import BARRIER_BYTES, GemmConfig
 
 #: Split counts the model considers.
 SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -32,6 +33,8 @@ STEP_US = 0.6
 HOST_US = {"none": 14.0, "serial": 24.0, "workspace": 24.0, "atomic": 33.0}
 #: Device microseconds the slices' meeting adds (the partials' round trip through L2).
 SPLIT_US = 2.0
+#: Fewest ring stages a default tile keeps (two leave the TMA latency exposed).
+MIN_STAGES = 3
 #: Fewest K tiles a slice should keep (the ring's prologue and the epilogue amortised).
 MIN_K_TILES_PER_SPLIT = 2
 #: The tiles the model weighs, (block_m, block_n), largest first.
@@ -80,18 +83,29 @@ def end_to_end_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
     return max(host, device_us(config, splits, m, n, k, multiprocessors))
 
 
-def candidates(m: int, n: int, k: int, multiprocessors: int,
-               config: GemmConfig | None) -> list[tuple[GemmConfig, int]]:
+def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
+    """Whether ``config``'s tile leaves room for ``MIN_STAGES`` ring stages beside its
+    epilogue tile (an fp32 C tile of 128 x 256 leaves two)."""
+    room = SMEM_CAPACITY["sm_90a"] - BARRIER_BYTES - config.epilogue_bytes(out_dtype)
+    return room // config.stage_bytes(in_dtype) >= MIN_STAGES
+
+
+def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
+               block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
+               out_dtype: str = "bfloat16") -> list[tuple[GemmConfig, int]]:
     """``(config, splits)`` pairs the model weighs: the caller's config with every split
-    count, or every tile of ``TILES`` (module docstring)."""
-    k_tiles = math.ceil(k / (config or GemmConfig()).block_k)
+    count, or every tile of ``TILES`` with K step ``block_k`` that is ``deep_enough`` for its
+    dtypes (module docstring); one slice only without ``allow_split``."""
+    k_tiles = math.ceil(k / (config.block_k if config else block_k))
     counts = [s for s in SPLIT_CANDIDATES
-              if s == 1 or k_tiles >= s * MIN_K_TILES_PER_SPLIT]
+              if s == 1 or (allow_split and k_tiles >= s * MIN_K_TILES_PER_SPLIT)]
     if config is not None:
         return [(config, s) for s in counts]
     pairs = []
     for block_m, block_n in TILES:
-        cfg = GemmConfig(block_m=block_m, block_n=block_n)
+        cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k)
+        if not deep_enough(cfg, in_dtype, out_dtype):
+            continue
         pairs.append((cfg, 1))
         tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
         if block_n <= 128 and tiles < multiprocessors:
@@ -99,14 +113,18 @@ def candidates(m: int, n: int, k: int, multiprocessors: int,
     return pairs
 
 
-def plan(m: int, n: int, k: int, multiprocessors: int,
-         config: GemmConfig | None = None) -> Plan:
+def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None = None,
+         *, block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
+         out_dtype: str = "bfloat16") -> Plan:
     """The plan of an ``m x n x k`` GEMM on a GPU of ``multiprocessors`` SMs. ``config``:
-    the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile."""
-    if config is not None and config.split_k:
-        cfg, splits = config, config.split_k
+    the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile with K
+    step ``block_k`` for ``in_dtype`` operands and an ``out_dtype`` C; ``allow_split=False``:
+    one slice (INT8, whose int32 sums the split-K paths do not carry)."""
+    if config is not None and (config.split_k or not allow_split):
+        cfg, splits = config, config.split_k if allow_split else 1
     else:
-        pairs = candidates(m, n, k, multiprocessors, config)
+        pairs = candidates(m, n, k, multiprocessors, config, block_k, allow_split, in_dtype,
+                           out_dtype)
         order = {tile: i for i, tile in enumerate(TILES)}
 
         def rank(pair: tuple[GemmConfig, int]) -> tuple:

@@ -16,8 +16,11 @@ from typing import Any, ClassVar, NamedTuple
 from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.abi import FlatSpec
 
-#: Operand dtypes of the HGEMM.
-GEMM_DTYPES = ("float16", "bfloat16")
+#: Operand dtypes of the GEMM kernel: the HGEMM's, and INT8 (IGEMM).
+GEMM_DTYPES = ("float16", "bfloat16", "int8")
+#: INT8's epilogue: none (16-bit operands), per-row x per-column scales, and per-column zero
+#: points of B (with A's row sums).
+DEQUANTS = ("none", "scale", "scale_zero")
 #: How split-K slices reach C: not at all, partials summed by the last slice, partials summed
 #: by a second kernel, reduce-adds into C.
 SPLITS = ("none", "serial", "workspace", "atomic")
@@ -47,6 +50,7 @@ class GemmSpec(FlatSpec):
             ``"n"``).
         split: ``"none"``, ``"serial"`` (with a workspace and tile counters),
             ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is reduce-added to).
+        dequant: INT8's epilogue (``DEQUANTS``); ``"none"`` for 16-bit operands.
     """
 
     KIND: ClassVar[str] = "gemm"
@@ -58,14 +62,17 @@ class GemmSpec(FlatSpec):
     a_major: str = "k"
     b_major: str = "n"
     split: str = "none"
+    dequant: str = "none"
 
     def variant(self) -> str:
         split = "" if self.split == "none" else f"_{self.split}"
-        return f"_{self.a_major}{self.b_major}{split}"
+        dequant = "" if self.dequant == "none" else f"_{self.dequant}"
+        return f"_{self.a_major}{self.b_major}{split}{dequant}"
 
     @property
     def label(self) -> str:
-        return f"hgemm({self.config.label()})"
+        family = "igemm" if self.dtype == "int8" else "hgemm"
+        return f"{family}({self.config.label()})"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GemmSpec:
@@ -84,6 +91,10 @@ class GemmArgs(NamedTuple):
         counters: int32, one per output tile and consumer warpgroup, zero before the launch
             and left zero after it: how many slices of the tile have stored their partials
             (``split="serial"``, else None).
+        scale_a, scale_b: fp32 ``[M]`` and ``[N]``, INT8's per-row and per-column scales
+            (else None).
+        zero_b: fp32 ``[N]``, B's per-column zero points; rowsum_a: int32 ``[M]``, the row
+            sums of A (``dequant="scale_zero"``, else None).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """
@@ -93,6 +104,10 @@ class GemmArgs(NamedTuple):
     c: Any
     workspace: Any
     counters: Any
+    scale_a: Any
+    scale_b: Any
+    zero_b: Any
+    rowsum_a: Any
     num_splits: Any
     num_ctas: Any
 
@@ -123,7 +138,7 @@ def _element(dtype: str):
     import cutlass
 
     return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-            "float32": cutlass.Float32}[dtype]
+            "float32": cutlass.Float32, "int8": cutlass.Int8}[dtype]
 
 
 def _fake_matrix(dtype: str, unit_stride_mode: int, batched: bool = False):
@@ -149,13 +164,20 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
     from cutlass.cute.runtime import make_fake_tensor
 
     serial = spec.split == "serial"
+
+    def vector(dtype, used: bool):
+        element = cutlass.Int32 if dtype == "int32" else cutlass.Float32
+        return (make_fake_tensor(element, (cute.sym_int(),), stride=(1,), assumed_align=4)
+                if used else None)
+
+    scaled, zeroed = spec.dequant != "none", spec.dequant == "scale_zero"
     return GemmArgs(
         _fake_matrix(spec.dtype, 1 if spec.a_major == "k" else 0),
         _fake_matrix(spec.dtype, 1 if spec.b_major == "n" else 0),
         _fake_matrix(spec.out_dtype, 1, batched=spec.split == "workspace"),
         _fake_matrix("float32", 1, batched=True) if serial else None,
-        make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-        if serial else None,
+        vector("int32", serial), vector("float32", scaled), vector("float32", scaled),
+        vector("float32", zeroed), vector("int32", zeroed),
         cutlass.Int32(1), cutlass.Int32(1))
 
 

@@ -42,13 +42,14 @@ from attnlab.config import WGMMA_M
 from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
+from attnlab.kernels.common.layouts import acc_mn_view
 from attnlab.kernels.gemm.abi import GemmSpec
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
 
 _ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-             "float32": cutlass.Float32}
+             "float32": cutlass.Float32, "int8": cutlass.Int8}
 #: Threads of one warpgroup.
 WARPGROUP = 128
 
@@ -62,8 +63,10 @@ class HgemmSm90:
         self.dtype = _ELEMENTS[spec.dtype]
         self.out_dtype = _ELEMENTS[spec.out_dtype]
         self.num_consumers = self.cfg.num_consumers
-        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype)
+        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype)
         self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
+        # s8 x s8 MMAs accumulate exactly in int32; 16-bit ones in fp32.
+        self.acc_dtype = cutlass.Int32 if spec.dtype == "int8" else cutlass.Float32
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -71,6 +74,8 @@ class HgemmSm90:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
                  workspace: cute.Tensor | None, counters: cute.Tensor | None,
+                 scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
+                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
                  num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
         """Launch on the arguments of ``kernels.gemm.abi.GemmArgs`` (and the stream)."""
         cfg = self.cfg
@@ -85,11 +90,11 @@ class HgemmSm90:
         b_enum = LayoutEnum.ROW_MAJOR if self.spec.b_major == "k" else LayoutEnum.COL_MAJOR
         mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, a_enum.sm90_mma_major_mode(), b_enum.sm90_mma_major_mode(),
-            cutlass.Float32, (self.num_consumers, 1, 1), (WGMMA_M, bn))
+            self.acc_dtype, (self.num_consumers, 1, 1), (WGMMA_M, bn))
         # One warpgroup's share: the accumulator layout its epilogue writes out.
         mma_wg = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, a_enum.sm90_mma_major_mode(), b_enum.sm90_mma_major_mode(),
-            cutlass.Float32, (1, 1, 1), (WGMMA_M, bn))
+            self.acc_dtype, (1, 1, 1), (WGMMA_M, bn))
         sA_layout = sm90_utils.make_smem_layout_a(a_enum, self.tile, self.dtype, self.stages)
         sB_layout = sm90_utils.make_smem_layout_b(b_enum, self.tile, self.dtype, self.stages)
         sC_layout = sm90_utils.make_smem_layout_epi(self.out_dtype, LayoutEnum.ROW_MAJOR,
@@ -110,8 +115,10 @@ class HgemmSm90:
         m_tiles = cute.ceil_div(a.shape[0], bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         k_tiles = cute.ceil_div(a.shape[1], bk)
-        self.kernel(tma_a, tma_b, tma_c, workspace, counters, mma, mma_wg, sA_layout, sB_layout,
-                    sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles, num_splits).launch(
+        dequant = (scale_a, scale_b, zero_b, rowsum_a)
+        self.kernel(tma_a, tma_b, tma_c, workspace, counters, dequant, mma, mma_wg, sA_layout,
+                    sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
+                    num_splits).launch(
             grid=[num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
 
@@ -125,7 +132,7 @@ class HgemmSm90:
     # ----------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, workspace: cute.Tensor | None,
-               counters: cute.Tensor | None, mma: cute.TiledMma,
+               counters: cute.Tensor | None, dequant: tuple, mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
@@ -156,7 +163,7 @@ class HgemmSm90:
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             arrivals = storage.arrivals.get_tensor(cute.make_layout(self.num_consumers))
             self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
-                          (workspace, counters, arrivals))
+                          (workspace, counters, arrivals), dequant)
 
     def _items(self, walk: tuple):
         """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
@@ -204,9 +211,10 @@ class HgemmSm90:
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
                  sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
-                 serial: tuple):
+                 serial: tuple, dequant: tuple):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
-        (``serial``: the workspace, the tile counters and the warpgroups' arrival slots)."""
+        (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
+        ``dequant``: INT8's scales, zero points and A's row sums)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -216,14 +224,14 @@ class HgemmSm90:
         tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA))
         tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(mma.get_slice(ctidx).partition_shape_C((bm, bn)),
-                                    cutlass.Float32)
+                                    self.acc_dtype)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for item in cutlass.range(first, items, stride, unroll=1):
             m, n, split = tile_coords(item, m_tiles, n_tiles, self.cfg.raster_group)
             k0, k1 = self._k_range(split, per_split, k_tiles)
-            acc.fill(0.0)
+            acc.fill(0)
             # The first K tile (every slice has one), then one stage's MMAs in flight while
             # the next stage is awaited.
             state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
@@ -240,6 +248,10 @@ class HgemmSm90:
                 if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
                                   walk):
                     self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
+            elif cutlass.const_expr(self.spec.dequant != "none"):
+                coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
+                self._epilogue(self._dequantize(acc, coords, dequant, m, n), sC, tma_c, mma_wg,
+                               ctidx % WARPGROUP, wg, m, n, split)
             else:
                 self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, split)
         if ctidx % WARPGROUP < 32:
@@ -257,6 +269,45 @@ class HgemmSm90:
                    zero_init=False, wait=False)
         state.advance()
         return state
+
+    @cute.jit
+    def _dequantize(self, acc: cute.Tensor, coords: cute.Tensor, dequant: tuple, m, n
+                    ) -> cute.Tensor:
+        """INT8's epilogue math: ``scale_a[i] * scale_b[j] * (acc - zero_b[j] * rowsum_a[i])``
+        (the zero-point term with ``dequant="scale_zero"``), in fp32. A thread's accumulator
+        spans two rows and ``block_n / 4`` columns, so each row's and each column's factors
+        are loaded once (``acc_mn_view``); rows and columns past M and N read none (their
+        values are clipped by the store)."""
+        scale_a, scale_b, zero_b, rowsum_a = dequant
+        bm, bn, _ = self.tile
+        first_row, first_col = m * bm, n * bn
+        rows_left = scale_a.shape[0] - first_row
+        cols_left = scale_b.shape[0] - first_col
+        out = cute.make_fragment_like(acc, cutlass.Float32)
+        out.store(acc.load().to(cutlass.Float32))
+        out_mn, coords_mn = acc_mn_view(out), acc_mn_view(coords)
+        rows = cute.size(out_mn, mode=[0])
+        row_scale = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        row_sum = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        for r in cutlass.range_constexpr(rows):
+            row = coords_mn[r, 0][0]
+            row_scale[r] = cutlass.Float32(0.0)
+            row_sum[r] = cutlass.Float32(0.0)
+            if row < rows_left:
+                row_scale[r] = scale_a[first_row + row]
+                if cutlass.const_expr(self.spec.dequant == "scale_zero"):
+                    row_sum[r] = cutlass.Float32(rowsum_a[first_row + row])
+        for c in cutlass.range_constexpr(cute.size(out_mn, mode=[1])):
+            col = coords_mn[0, c][1]
+            col_scale = cutlass.Float32(0.0)
+            zero = cutlass.Float32(0.0)
+            if col < cols_left:
+                col_scale = scale_b[first_col + col]
+                if cutlass.const_expr(self.spec.dequant == "scale_zero"):
+                    zero = zero_b[first_col + col]
+            for r in cutlass.range_constexpr(rows):
+                out_mn[r, c] = row_scale[r] * col_scale * (out_mn[r, c] - zero * row_sum[r])
+        return out
 
     @cute.jit
     def _count_in(self, acc: cute.Tensor, coords: cute.Tensor, serial: tuple, wtidx, wg,
