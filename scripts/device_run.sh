@@ -17,6 +17,8 @@
 #            later arguments go to it)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
 #            arguments go to the bench, e.g. --shapes 4096x4096x4096)
+#   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
+#            (5, 4), with its GPU test
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -74,6 +76,11 @@ case $mode in
     attnlab bench --family gemm --dtypes int8 --out "$OUT/int8" \
       --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x14336x4096,1024x4096x4096,16x4096x4096
     ;;
+  study)
+    python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \
+      | tee -a "$log" | tail -5
+    attnlab study cymatic --grids 2048,8192 --modes 6x4,5x4 --out "$OUT/cymatic"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
@@ -83,5 +90,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|study|explain|profile)"; exit 2 ;;
 esac

@@ -129,3 +129,20 @@ def test_bad_config_file(tmp_path):
     path.write_text(json.dumps({"block_m": 48}))
     result = invoke("banks", str(path))
     assert result.exit_code != 0 and "block_m" in result.output
+
+
+def test_sass_and_occupancy_take_gemm_configs():
+    """The explain tools on the GEMM kernel (issue 22): its SASS holds the wgmma (HGMMA /
+    IGMMA) and TMA instructions, and its 384 threads and ~225 KiB fit one CTA per H100 SM."""
+    result = runner.invoke(app, ["sass", "gemm", "--vs", "igemm", "--arch", "sm_90a",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    kernels = json.loads(result.output)["kernels"]
+    opcodes = [set(k["sass"]["opcodes"]) for k in kernels]
+    assert any(op.startswith("HGMMA") for op in opcodes[0])
+    assert any(op.startswith("IGMMA") for op in opcodes[1])
+    result = runner.invoke(app, ["occupancy", "gemm:128x128x64", "--gpu", "H100", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)[0]["ctas_per_sm"] == 1
+    result = runner.invoke(app, ["sass", "gemm:128x256", "--arch", "sm_90a"])
+    assert result.exit_code != 0 and "BMxBNxBK" in result.output

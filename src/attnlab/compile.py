@@ -16,16 +16,18 @@ from pathlib import Path
 
 from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
+from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
+from attnlab.kernels.gemm.abi import GemmSpec
 
 DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
 
 
 @dataclass(frozen=True)
 class Artifacts:
-    """Files produced by cross-compiling one kernel (forward or backward)."""
+    """Files produced by cross-compiling one kernel (attention forward or backward, GEMM)."""
 
-    config: FlashConfig | BackwardConfig | None
+    config: FlashConfig | BackwardConfig | GemmConfig | None
     arch: str
     dtype: str
     head_dim: int
@@ -68,21 +70,23 @@ def compile_config(
     return compile_spec(spec, out_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec,
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec,
                  out_dir: str | os.PathLike[str] | None = None) -> Artifacts:
     """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE),
-    :class:`BackwardSpec` or :class:`PreprocessSpec` (whose artifacts have no config)."""
+    :class:`BackwardSpec`, :class:`PreprocessSpec` (whose artifacts have no config) or GEMM
+    ``GemmSpec`` (whose artifacts have head dim 0)."""
     from attnlab.jit import compile_spec as compile_kernel_of
     from attnlab.jit import dumped_binary
     from attnlab.kernel_cache import spec_digest
 
     config = getattr(spec, "config", None)
+    head_dim = getattr(spec, "head_dim", 0)
     if config is not None:
-        config.check_problem(spec.head_dim, spec.arch)
+        config.check_problem(head_dim, spec.arch)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    kind = {BackwardSpec: "bwd", PreprocessSpec: "pre"}.get(type(spec), "fwd")
-    stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{spec.head_dim}{spec.variant()}_"
+    kind = {BackwardSpec: "bwd", PreprocessSpec: "pre", GemmSpec: "gemm"}.get(type(spec), "fwd")
+    stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{head_dim}{spec.variant()}_"
                      f"{spec_digest(spec)[:12]}")
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
     if not (cubin_path.exists() and meta_path.exists()):
@@ -97,5 +101,5 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec,
         meta_path.write_text(json.dumps({"kernel_name": names[0].decode() if names
                                          else "unknown"}))
     meta = json.loads(meta_path.read_text())
-    return Artifacts(config, spec.arch, spec.dtype, spec.head_dim, cubin_path,
+    return Artifacts(config, spec.arch, spec.dtype, head_dim, cubin_path,
                      ptx_path if ptx_path.exists() else None, meta["kernel_name"])

@@ -145,6 +145,48 @@ class GemmConfig:
     def replace(self, **changes) -> GemmConfig:
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def short_name(self) -> str:
+        return self.label()
+
+    def check_problem(self, head_dim: int, arch: str | None) -> None:
+        """The analysis tools' check of a target: the kernel is sm_90a's (``head_dim`` is an
+        attention config's and plays no part)."""
+        if arch is not None and arch != "sm_90a":
+            raise ConfigError(f"the GEMM kernel is built for sm_90a (wgmma, TMA), not {arch}")
+
+    def smem_bytes(self, head_dim: int = 0, element_bytes_: int = 2) -> int:
+        """Dynamic shared memory of the kernel with ``element_bytes_``-byte operands (2:
+        fp16/bf16, 1: int8) and a 16-bit C: the ring, C's tile, the barriers (``head_dim``
+        is an attention config's and plays no part)."""
+        in_dtype = "int8" if element_bytes_ == 1 else "bfloat16"
+        stages = self.ring_stages("sm_90a", "bfloat16", in_dtype)
+        return (stages * self.stage_bytes(in_dtype) + self.epilogue_bytes("bfloat16")
+                + BARRIER_BYTES)
+
+    @classmethod
+    def from_name(cls, name: str) -> tuple[GemmConfig, bool]:
+        """``(config, int8)`` of a tool's name for a GEMM config: ``gemm`` or ``igemm`` (the
+        default tile; ``igemm`` the INT8 kernel, K step 128), optionally ``:BMxBNxBK``.
+
+        Raises:
+            ValueError: not such a name; ConfigError: a tile the kernel cannot build.
+        """
+        family, _, tile = name.partition(":")
+        if family not in ("gemm", "igemm"):
+            raise ValueError(f"{name!r} is not a GEMM config name (gemm[:BMxBNxBK], igemm[...])")
+        int8 = family == "igemm"
+        if not tile:
+            return cls(block_k=128 if int8 else 64), int8
+        try:
+            block_m, block_n, block_k = (int(x) for x in tile.split("x"))
+        except ValueError:
+            raise ValueError(f"expected {family}:BMxBNxBK (e.g. {family}:128x256x64), got "
+                             f"{name!r}") from None
+        return cls(block_m=block_m, block_n=block_n, block_k=block_k), int8
+
     def label(self) -> str:
         """A short name: tile, ring, order and split."""
         stages = self.stages or "auto"

@@ -19,7 +19,7 @@ _USAGE = re.compile(
     r"LOCAL:(?P<local>\d+)"
 )
 #: Bytes per element of the dtypes the kernels take (for the config's shared-memory size).
-ELEMENT_BYTES = {"float16": 2, "bfloat16": 2}
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "int8": 1}
 #: sm_90 cubins that use the driver's reserved shared-memory window name it with this symbol,
 #: and cuobjdump's SHARED then includes the window (1 KiB). The driver does not count it as
 #: static shared memory (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES is 0 for our sm_90a kernels) but

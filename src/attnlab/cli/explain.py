@@ -25,7 +25,7 @@ from attnlab.analysis.sass import disassemble as disassemble_cubin
 from attnlab.analysis.tools import ToolNotFound
 from attnlab.cli import app
 from attnlab.cli.measure import OUT_OPTION
-from attnlab.compile import DEFAULT_ARTIFACT_DIR, compile_config
+from attnlab.compile import DEFAULT_ARTIFACT_DIR, compile_config, compile_spec
 from attnlab.config import (
     SMEM_CAPACITY,
     SUPPORTED_DTYPES,
@@ -33,12 +33,15 @@ from attnlab.config import (
     ConfigError,
     FlashConfig,
 )
+from attnlab.gemm_config import GemmConfig
+from attnlab.kernels.gemm.abi import GemmSpec
 from attnlab.ladder import resolve
 
 STATIC = "static (build-time) counts: each instruction once, however often it runs"
 
 CONFIG_ARG = typer.Argument(..., metavar="CONFIG",
-                            help="A ladder name (k01..k16, pad8, ...) or a FlashConfig JSON file.")
+                            help="A ladder name (k01..k16, pad8, ...), a FlashConfig JSON file, "
+                            "or a GEMM config: gemm[:BMxBNxBK], igemm[:BMxBNxBK] (sm_90a).")
 VS_OPTION = typer.Option(None, "--vs", metavar="CONFIG2", help="A second config to compare.")
 ARCH_OPTION = typer.Option("sm_90a", "--arch", help=f"Target: {', '.join(SMEM_CAPACITY)}.")
 DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
@@ -59,9 +62,12 @@ def _choice(value: str, choices: Sequence[str], hint: str) -> None:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=hint)
 
 
-def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig]:
-    """A config and its label from a ladder name or a JSON file, or a clear error."""
+def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig]:
+    """A config and its label from a ladder name, a JSON file or a GEMM name
+    (``gemm[:BMxBNxBK]``, ``igemm[:...]``), or a clear error."""
     try:
+        if spec.split(":")[0] in ("gemm", "igemm"):
+            return spec, GemmConfig.from_name(spec)[0]
         config = resolve(spec)
     except (KeyError, ConfigError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
@@ -81,7 +87,7 @@ class _Kernel:
     """One compiled config and everything the commands print about it."""
 
     label: str
-    config: FlashConfig
+    config: FlashConfig | GemmConfig
     instructions: list[Instruction]
     report: SassReport
     resources: Resources
@@ -96,7 +102,16 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from None
     with Console(stderr=True).status(f"compiling {label} for {arch} (CuTe DSL, ~2 s) ..."):
-        built = compile_config(config, arch, dtype=dtype, head_dim=head_dim, out_dir=artifacts)
+        if isinstance(config, GemmConfig):
+            # INT8 writes a 16-bit C: the HGEMM's dtype option names it.
+            in_dtype = "int8" if label.startswith("igemm") else dtype
+            built = compile_spec(GemmSpec(config, arch, in_dtype, dtype,
+                                          "k", "k" if in_dtype == "int8" else "n",
+                                          dequant="scale" if in_dtype == "int8" else "none"),
+                                 artifacts)
+        else:
+            built = compile_config(config, arch, dtype=dtype, head_dim=head_dim,
+                                   out_dir=artifacts)
     try:
         text = disassemble_cubin(built.cubin, encodings=True)
         resources = kernel_resources(built, text)
@@ -253,7 +268,8 @@ def sass(
     labels = [k.label for k in kernels]
     for k in kernels:
         console.print(f"{k.label}: {k.config.short_name()}")
-    console.print(f"{arch}, {dtype}, head_dim {head_dim}; {STATIC}\n")
+    problem = "" if isinstance(kernels[0].config, GemmConfig) else f", head_dim {head_dim}"
+    console.print(f"{arch}, {dtype}{problem}; {STATIC}\n")
     if rows is None:
         report = kernels[0].report
         console.print(_table("Instruction groups", "group", labels,
