@@ -16,7 +16,7 @@
 #   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
 #            later arguments go to it)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
-#            arguments go to the bench, e.g. --shapes 4096x4096x4096)
+#            arguments go to the bench, e.g. --shapes 4096x4096x4096), INT8, the HGEMM ladder
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
 #   explain  attnlab profile (ncu) and roofline
@@ -75,6 +75,7 @@ case $mode in
     attnlab bench --family gemm --dtypes bf16,fp16 --out "$OUT" "${@:2}"
     attnlab bench --family gemm --dtypes int8 --out "$OUT/int8" \
       --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x14336x4096,1024x4096x4096,16x4096x4096
+    attnlab ladder --family gemm --dtype bf16 --out "$OUT/ladder"
     ;;
   study)
     python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \

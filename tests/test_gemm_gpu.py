@@ -158,3 +158,22 @@ def test_int8_matmul_refuses_what_it_cannot_read():
         int8_matmul(a_q, b_q, scale_a[:32], scale_b)
     with pytest.raises(TypeError, match="int8"):
         int8_matmul(a_q.float(), b_q, scale_a, scale_b)
+
+
+# ---- the mma.sync ladder ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["g01", "g02", "g03", "g04", "g05", "g06", "g07", "g07x",
+                                  "g08", "g09"])
+def test_ladder_steps_multiply(name):
+    from attnlab.gemm.ladder import GEMM_STEPS, ladder_matmul
+
+    a, b = operands(512, 512, 256, torch.bfloat16, b_major="k", seed=5)
+    poison_allocator(512 * 512 * 8)
+    check(ladder_matmul(a, b, GEMM_STEPS[name][0]), a, b, torch.bfloat16, name)
+
+
+def test_ladder_kernel_refuses_partial_tiles():
+    from attnlab.gemm.ladder import GEMM_STEPS, ladder_matmul
+
+    a, b = operands(500, 512, 256, torch.float16, b_major="k")
+    with pytest.raises(ValueError, match="whole tiles"):
+        ladder_matmul(a, b, GEMM_STEPS["g05"][0])

@@ -194,3 +194,97 @@ class GemmConfig:
         grid = "persistent" if self.persistent else "grid"
         return (f"{self.block_m}x{self.block_n}x{self.block_k} s{stages} "
                 f"g{self.raster_group} {grid}{split}")
+
+
+MmaSwizzle = Literal["none", "xor", "pad8"]
+
+
+@dataclass(frozen=True)
+class MmaGemmConfig:
+    """Knobs of the ``mma.sync`` HGEMM (``kernels/gemm/sm80.py``): the lab's HGEMM steps, each
+    a knob, so ``attnlab ladder --family gemm`` rebuilds its progression.
+
+    Attributes:
+        block_m, block_n, block_k: the CTA tile and its K step.
+        warps_m, warps_n: the warp grid over the tile (4 x 4: the lab's 16-warp kernel).
+        smem: stage the tiles in shared memory; False is the lab's first step, every MMA
+            fragment loaded straight from global memory.
+        ldmatrix: fragments by ``ldmatrix`` (else by 32-bit shared loads of the fragment's
+            values).
+        async_copy: global -> shared by ``cp.async`` (else loads and stores through
+            registers).
+        stages: shared-memory ring depth (1: load, barrier, compute, barrier; 2: the lab's
+            double buffering, which needs ``async_copy``).
+        swizzle: the tiles' shared layout: ``"none"``, ``"xor"`` or ``"pad8"`` (+8 halves a
+            row, the lab's choice).
+        smem_epilogue: C staged in shared memory and written by 16-byte row copies (else each
+            thread stores its fragment's column pairs).
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    warps_m: int = 4
+    warps_n: int = 4
+    smem: bool = True
+    ldmatrix: bool = True
+    async_copy: bool = True
+    stages: int = 2
+    swizzle: MmaSwizzle = "pad8"
+    smem_epilogue: bool = False
+
+    def __post_init__(self):
+        if self.block_m % (16 * self.warps_m) or self.block_n % (16 * self.warps_n):
+            raise ConfigError(f"block_m must be a multiple of 16 x warps_m and block_n of 16 x "
+                              f"warps_n, got {self.block_m} x {self.block_n} over "
+                              f"{self.warps_m} x {self.warps_n} warps")
+        if self.block_k not in (32, 64):
+            raise ConfigError(f"block_k must be 32 or 64, got {self.block_k}")
+        if self.warps_m * self.warps_n not in (4, 8, 16):
+            raise ConfigError(f"4, 8 or 16 warps, got {self.warps_m} x {self.warps_n}")
+        if self.swizzle not in ("none", "xor", "pad8"):
+            raise ConfigError(f"swizzle must be none, xor or pad8, got {self.swizzle!r}")
+        if not 1 <= self.stages <= 4:
+            raise ConfigError(f"stages must be 1 to 4, got {self.stages}")
+        if self.stages > 1 and not self.async_copy:
+            raise ConfigError("a ring of stages > 1 needs async_copy (cp.async)")
+        if not self.smem and (self.ldmatrix or self.async_copy or self.stages != 1
+                              or self.smem_epilogue):
+            raise ConfigError("smem=False loads fragments from global memory: ldmatrix, "
+                              "async_copy, stages and smem_epilogue need shared memory")
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def smem_bytes(self, head_dim: int = 0, element_bytes_: int = 2) -> int:
+        """Shared memory of the tiles, the ring and C's staging (``head_dim``: an attention
+        config's, no part here)."""
+        pad = 8 if self.swizzle == "pad8" else 0
+        ring = (self.stages * (self.block_m + self.block_n) * (self.block_k + pad)
+                * element_bytes_ if self.smem else 0)
+        staging = self.block_m * (self.block_n + pad) * 2 if self.smem_epilogue else 0
+        return ring + staging
+
+    def check_problem(self, head_dim: int, arch: str | None) -> None:
+        """The analysis tools' check of a target: the shared memory fits ``arch``."""
+        if arch is not None and self.smem_bytes() > SMEM_CAPACITY[arch]:
+            raise ConfigError(f"{self.label()} needs {self.smem_bytes()} bytes of shared "
+                              f"memory; {arch} has {SMEM_CAPACITY[arch]}")
+
+    def replace(self, **changes) -> MmaGemmConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def label(self) -> str:
+        how = ("global" if not self.smem else
+               f"{'cp.async' if self.async_copy else 'ldg+sts'} s{self.stages} {self.swizzle} "
+               f"{'ldmatrix' if self.ldmatrix else 'lds'}"
+               f"{' smem-epi' if self.smem_epilogue else ''}")
+        return (f"mma {self.block_m}x{self.block_n}x{self.block_k} "
+                f"{self.warps_m * self.warps_n}w {how}")
+
+    def short_name(self) -> str:
+        return self.label()

@@ -86,9 +86,13 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec 
                  | GemmSpec | ReduceSpec, dump_dir: str | Path | None = None) -> Any:
     """The kernel of a forward, backward, preprocess, decoding or GEMM spec, compiled."""
     if isinstance(spec, GemmSpec):
-        from attnlab.kernels.gemm.sm90 import HgemmSm90
+        from attnlab.gemm_config import MmaGemmConfig
 
-        return compile_kernel(HgemmSm90(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
+        if isinstance(spec.config, MmaGemmConfig):
+            from attnlab.kernels.gemm.sm80 import HgemmSm80 as gemm_kernel
+        else:
+            from attnlab.kernels.gemm.sm90 import HgemmSm90 as gemm_kernel
+        return compile_kernel(gemm_kernel(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
                               dump_dir=dump_dir)
     if isinstance(spec, ReduceSpec):
         from attnlab.kernels.gemm.reduce import SplitKReduce

@@ -33,7 +33,8 @@ from attnlab.config import (
     ConfigError,
     FlashConfig,
 )
-from attnlab.gemm_config import GemmConfig
+from attnlab.gemm.ladder import GEMM_STEPS
+from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.gemm.abi import GemmSpec
 from attnlab.ladder import resolve
 
@@ -41,7 +42,8 @@ STATIC = "static (build-time) counts: each instruction once, however often it ru
 
 CONFIG_ARG = typer.Argument(..., metavar="CONFIG",
                             help="A ladder name (k01..k16, pad8, ...), a FlashConfig JSON file, "
-                            "or a GEMM config: gemm[:BMxBNxBK], igemm[:BMxBNxBK] (sm_90a).")
+                            "or a GEMM config: gemm[:BMxBNxBK], igemm[:BMxBNxBK] (sm_90a), "
+                            "a GEMM ladder step g01..g09.")
 VS_OPTION = typer.Option(None, "--vs", metavar="CONFIG2", help="A second config to compare.")
 ARCH_OPTION = typer.Option("sm_90a", "--arch", help=f"Target: {', '.join(SMEM_CAPACITY)}.")
 DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
@@ -62,12 +64,15 @@ def _choice(value: str, choices: Sequence[str], hint: str) -> None:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=hint)
 
 
-def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig]:
+def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig | MmaGemmConfig]:
     """A config and its label from a ladder name, a JSON file or a GEMM name
-    (``gemm[:BMxBNxBK]``, ``igemm[:...]``), or a clear error."""
+    (``gemm[:BMxBNxBK]``, ``igemm[:...]``, a GEMM ladder step ``g01``..``g09``), or a clear
+    error."""
     try:
         if spec.split(":")[0] in ("gemm", "igemm"):
             return spec, GemmConfig.from_name(spec)[0]
+        if spec in GEMM_STEPS:
+            return spec, GEMM_STEPS[spec][0]
         config = resolve(spec)
     except (KeyError, ConfigError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
@@ -87,7 +92,7 @@ class _Kernel:
     """One compiled config and everything the commands print about it."""
 
     label: str
-    config: FlashConfig | GemmConfig
+    config: FlashConfig | GemmConfig | MmaGemmConfig
     instructions: list[Instruction]
     report: SassReport
     resources: Resources
@@ -102,11 +107,13 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from None
     with Console(stderr=True).status(f"compiling {label} for {arch} (CuTe DSL, ~2 s) ..."):
-        if isinstance(config, GemmConfig):
+        if isinstance(config, GemmConfig | MmaGemmConfig):
             # INT8 writes a 16-bit C: the HGEMM's dtype option names it.
             in_dtype = "int8" if label.startswith("igemm") else dtype
-            built = compile_spec(GemmSpec(config, arch, in_dtype, dtype,
-                                          "k", "k" if in_dtype == "int8" else "n",
+            # The s8 wgmma and the mma.sync ladder read B K-major (a transposed weight).
+            b_major = ("k" if in_dtype == "int8" or isinstance(config, MmaGemmConfig)
+                       else "n")
+            built = compile_spec(GemmSpec(config, arch, in_dtype, dtype, "k", b_major,
                                           dequant="scale" if in_dtype == "int8" else "none"),
                                  artifacts)
         else:
@@ -268,7 +275,8 @@ def sass(
     labels = [k.label for k in kernels]
     for k in kernels:
         console.print(f"{k.label}: {k.config.short_name()}")
-    problem = "" if isinstance(kernels[0].config, GemmConfig) else f", head_dim {head_dim}"
+    problem = ("" if isinstance(kernels[0].config, GemmConfig | MmaGemmConfig)
+               else f", head_dim {head_dim}")
     console.print(f"{arch}, {dtype}{problem}; {STATIC}\n")
     if rows is None:
         report = kernels[0].report

@@ -119,3 +119,54 @@ def plot_gemm(results: list, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
+    """The lab's HGEMM steps at ``shapes`` (B a transposed weight), % of cuBLAS in the same
+    run, each step's ratio to its base; table, ``gemm_ladder.json`` and a plot."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import GemmPoint, measure_gemm
+    from attnlab.gemm.ladder import GEMM_BASES, ladder_matmul, steps_for
+
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    (dtype_name,) = parse_gemm_dtypes(dtype)
+    if dtype_name == "int8":
+        raise typer.BadParameter("the HGEMM ladder runs bf16 or fp16", param_hint="--dtype")
+    steps = steps_for(info.arch)
+    impls = {"cublas": torch.matmul}
+    impls.update({name: (lambda a, b, cfg=cfg: ladder_matmul(a, b, cfg))
+                  for name, (cfg, _) in steps.items()})
+    points = [GemmPoint(m, n, k, dtype_name, "k") for m, n, k, _ in parse_shapes(shapes)]
+    out.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        task = progress.add_task("gemm ladder", total=len(points))
+        results = measure_gemm(points, impls, info.l2_bytes, runs=runs,
+                               on_point=lambda p: progress.advance(task))
+    table = Table(title=f"attnlab ladder --family gemm on {info.name}, {dtype_name}: % of cuBLAS "
+                        "end to end (device only), x its base step", title_justify="left")
+    table.add_column("step")
+    table.add_column("what it changes")
+    for point in points:
+        table.add_column(point.label(), justify="right")
+    rows = []
+    for name, (cfg, what) in steps.items():
+        cells = []
+        for point in points:
+            mine = {r.impl: r for r in results if r.point == point}
+            r, peer, base = mine[name], mine["cublas"], mine.get(GEMM_BASES.get(name, ""))
+            if not r.tflops or not peer.tflops:
+                cells.append((r.error or "-")[:30])
+                continue
+            delta = f" x{r.tflops / base.tflops:.2f}" if base is not None and base.tflops else ""
+            cells.append(f"{100 * r.tflops / peer.tflops:.0f}% "
+                         f"({100 * r.device_tflops / peer.device_tflops:.0f}%){delta}")
+        table.add_row(name, what, *cells)
+        rows.append({"step": name, "config": cfg.to_dict(), "what": what})
+    console.print(table)
+    path = out / "gemm_ladder.json"
+    path.write_text(json.dumps({"device": info.name, "steps": rows,
+                                "results": [r.to_dict() for r in results]}, indent=1))
+    console.print(f"wrote {path} and {plot_gemm(results, out / 'gemm_ladder.png')}")

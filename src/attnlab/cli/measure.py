@@ -296,7 +296,10 @@ def ladder(
     runs: int = typer.Option(30, min=20),
     family: str = typer.Option("seeds", help="seeds: k01-k16, the lab's variants and the "
                                "sm_90 mma.sync steps; sm90: the wgmma kernel's steps, with "
-                               "cuDNN and FA4 as rows."),
+                               "cuDNN and FA4 as rows; gemm: the lab's HGEMM steps (g01-g09) "
+                               "against cuBLAS at --shapes."),
+    shapes: str = typer.Option("4096x4096x4096,2048x2048x2048", help="With --family gemm: "
+                               "MxNxK shapes (whole 128 x 256 x 32 tiles)."),
     out: Path = OUT_OPTION,
 ) -> None:
     """The seeds' table: percent of SDPA flash per ladder step and lab variant, at ANCHOR and
@@ -313,6 +316,11 @@ def ladder(
     )
     from attnlab.bench.runner import REFERENCE, attnlab_impl, measure_grid, tokens_grid
 
+    if family == "gemm":
+        from attnlab.cli.gemm import ladder_gemm
+
+        ladder_gemm(shapes, dtype, runs, out)
+        return
     if family not in ladder_configs.FAMILIES:
         raise typer.BadParameter(
             f"{family!r} is not one of {', '.join(ladder_configs.FAMILIES)}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from attnlab.gemm_config import GemmConfig
+from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.abi import FlatSpec
 
 #: Operand dtypes of the GEMM kernel: the HGEMM's, and INT8 (IGEMM).
@@ -28,10 +28,12 @@ SPLITS = ("none", "serial", "workspace", "atomic")
 GEMM_ALIGN_BYTES = 16
 
 
-def binary_config(config: GemmConfig) -> GemmConfig:
+def binary_config(config: GemmConfig | MmaGemmConfig) -> GemmConfig | MmaGemmConfig:
     """``config`` with the knobs that do not change the binary (the grid, the split count and
     its mode, which the spec's ``split`` carries) at their defaults: one cache entry per
-    binary."""
+    binary. (Every ``MmaGemmConfig`` knob changes the binary.)"""
+    if isinstance(config, MmaGemmConfig):
+        return config
     default = GemmConfig()
     return config.replace(persistent=default.persistent, split_k=default.split_k,
                           split_mode=default.split_mode)
@@ -39,11 +41,13 @@ def binary_config(config: GemmConfig) -> GemmConfig:
 
 @dataclass(frozen=True)
 class GemmSpec(FlatSpec):
-    """One compiled sm_90a HGEMM (``kernels/gemm/sm90.py``).
+    """One compiled GEMM: the sm_90a kernel (``kernels/gemm/sm90.py``) of a ``GemmConfig``,
+    or the ``mma.sync`` ladder kernel (``kernels/gemm/sm80.py``) of an ``MmaGemmConfig``.
 
     Attributes:
-        config: the tile and ring (``binary_config`` of a ``GemmConfig``).
-        arch: the target, ``"sm_90a"``.
+        config: the tile and ring (``binary_config`` of a ``GemmConfig``), or the ladder's
+            knobs.
+        arch: the target (``"sm_90a"``; the ``mma.sync`` kernel also ``"sm_80"``...).
         dtype: A's and B's dtype.
         out_dtype: C's dtype (``"float32"`` for split-K's partials and reduce-adds).
         a_major, b_major: the unit-stride mode of A (``"k"`` or ``"m"``) and B (``"k"`` or
@@ -55,7 +59,7 @@ class GemmSpec(FlatSpec):
 
     KIND: ClassVar[str] = "gemm"
 
-    config: GemmConfig
+    config: GemmConfig | MmaGemmConfig
     arch: str
     dtype: str
     out_dtype: str
@@ -71,13 +75,17 @@ class GemmSpec(FlatSpec):
 
     @property
     def label(self) -> str:
+        if isinstance(self.config, MmaGemmConfig):
+            return f"hgemm_sm80({self.config.label()})"
         family = "igemm" if self.dtype == "int8" else "hgemm"
         return f"{family}({self.config.label()})"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GemmSpec:
         fields = {k: v for k, v in data.items() if k != "kind"}
-        return cls(**{**fields, "config": GemmConfig(**fields["config"])})
+        knobs = fields["config"]
+        config_class = MmaGemmConfig if "warps_m" in knobs else GemmConfig
+        return cls(**{**fields, "config": config_class(**knobs)})
 
 
 class GemmArgs(NamedTuple):

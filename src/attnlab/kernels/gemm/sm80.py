@@ -1,0 +1,205 @@
+"""HGEMM with ``mma.sync`` (sm80 and newer): the lab's HGEMM steps as knobs of one kernel
+(an ``MmaGemmConfig`` in a ``GemmSpec``).
+
+``C = A @ B`` for a K-major A ``[M, K]`` and a K-major B (a transposed ``[N, K]`` weight), one
+``block_m x block_n`` tile per CTA, split over a ``warps_m x warps_n`` grid of warps issuing
+m16n8k16 MMAs. What the knobs change, in the lab's order:
+
+* ``smem=False`` (the lab's starting point): every thread loads its MMA fragments straight
+  from global memory, each element once per warp that needs it.
+* ``smem``: the CTA's A and B tiles are copied to shared memory once per K step (16-byte
+  copies, ``row_copy``) and the warps read their fragments there; ``ldmatrix`` reads a warp's
+  8x8 fragments in one instruction instead of one 32-bit load per value pair.
+* ``async_copy`` / ``stages``: ``cp.async`` copies skip the registers, and a ``stages``-deep
+  ring issues K step ``k + stages - 1`` before computing step ``k`` (2: the lab's double
+  buffering).
+* ``warps_m x warps_n`` and the tile: 16 warps on 128 x 128 (the lab's canonical kernel), or
+  128 x 256 (each warp's accumulator twice as wide).
+* ``swizzle``: ``pad8`` (+8 halves a row, the lab's layout) or ``xor``, against ``none``'s
+  8-way ``ldmatrix`` conflicts (``layouts.smem_tile_layout``).
+* ``smem_epilogue``: C staged in shared memory and written by 16-byte row copies, instead of
+  each thread's column pairs.
+
+Shapes are whole tiles (``attnlab.gemm.ladder`` checks): this kernel is the ladder's subject,
+not a dispatch target; the sm_90a kernel serves calls.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from attnlab.kernels.common.base import shared_storage
+from attnlab.kernels.common.epilogue import store_fragment, store_rows
+from attnlab.kernels.common.layouts import COPY_BITS, row_copy, smem_tile_layout
+from attnlab.kernels.gemm.abi import GemmSpec
+
+_ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+             "float32": cutlass.Float32}
+#: m16n8k16: the MMA's shape; a tiled MMA's N is 16 so one ldmatrix.x4 feeds two n8 MMAs.
+MMA_SHAPE = (16, 8, 16)
+
+
+class HgemmSm80:
+    """Compile-time description of one ``mma.sync`` HGEMM (a ``GemmSpec`` of an
+    ``MmaGemmConfig``)."""
+
+    def __init__(self, spec: GemmSpec):
+        if spec.a_major != "k" or spec.b_major != "k":
+            raise ValueError("the mma.sync HGEMM takes K-major A and B (B as w.t())")
+        self.spec = spec
+        self.cfg = spec.config
+        self.dtype = _ELEMENTS[spec.dtype]
+        self.out_dtype = _ELEMENTS[spec.out_dtype]
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
+                 workspace: cute.Tensor | None, counters: cute.Tensor | None,
+                 scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
+                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
+                 num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
+        """Launch on ``kernels.gemm.abi.GemmArgs`` (split-K and INT8's arguments unused: one
+        CTA per tile, ``num_ctas`` of them)."""
+        cfg = self.cfg
+        mB = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 0]))
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, MMA_SHAPE),
+            (cfg.warps_m, cfg.warps_n, 1),
+            permutation_mnk=(cfg.warps_m * 16, cfg.warps_n * 16, 16))
+        fields = {}
+        sA_layout = sB_layout = sC_layout = None
+        if cutlass.const_expr(cfg.smem):
+            sA_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, cfg.block_k, cfg.stages)
+            sB_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, cfg.block_k, cfg.stages)
+            fields["sA"] = cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sA_layout)], 128]
+            fields["sB"] = cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sB_layout)], 128]
+        if cutlass.const_expr(cfg.smem_epilogue):
+            sC_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, cfg.block_n)
+            fields["sC"] = cute.struct.Align[
+                cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 128]
+        load_op = (cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+                   if cfg.async_copy else cute.nvgpu.CopyUniversalOp())
+        gmem_load = row_copy(cute.make_copy_atom(load_op, self.dtype,
+                                                 num_bits_per_copy=COPY_BITS),
+                             cfg.num_threads, cfg.block_k)
+        gmem_store = row_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
+                                                  self.out_dtype, num_bits_per_copy=COPY_BITS),
+                              cfg.num_threads, cfg.block_n)
+        SharedStorage = shared_storage(fields) if fields else None
+        self.kernel(a, mB, c, tiled_mma, gmem_load, gmem_store, sA_layout, sB_layout,
+                    sC_layout, SharedStorage).launch(
+            grid=[cute.ceil_div(c.shape[0], cfg.block_m), cute.ceil_div(c.shape[1], cfg.block_n),
+                  1],
+            block=[cfg.num_threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
+               tiled_mma: cute.TiledMma, gmem_load: cute.TiledCopy,
+               gmem_store: cute.TiledCopy, sA_layout, sB_layout, sC_layout,
+               SharedStorage: cutlass.Constexpr):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        m, n, _ = cute.arch.block_idx()
+        gA = cute.local_tile(mA, (cfg.block_m, cfg.block_k), (m, None))
+        gB = cute.local_tile(mB, (cfg.block_n, cfg.block_k), (n, None))
+        gC = cute.local_tile(mC, (cfg.block_m, cfg.block_n), (m, n))
+        thr_mma = tiled_mma.get_slice(tidx)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                    cutlass.Float32)
+        acc.fill(0.0)
+        storage = None
+        if cutlass.const_expr(SharedStorage is not None):
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        if cutlass.const_expr(cfg.smem):
+            sA = storage.sA.get_tensor(sA_layout)
+            sB = storage.sB.get_tensor(sB_layout)
+            self._mainloop_smem(gA, gB, sA, sB, tiled_mma, thr_mma, gmem_load, acc, tidx)
+        else:
+            self._mainloop_global(gA, gB, tiled_mma, thr_mma, acc)
+        rC = cute.make_fragment_like(acc, self.out_dtype)
+        rC.store(acc.load().to(self.out_dtype))
+        if cutlass.const_expr(cfg.smem_epilogue):
+            sC = storage.sC.get_tensor(sC_layout)[None, None, 0]
+            store_fragment(rC, sC, tiled_mma, tidx)
+            store_rows(gmem_store, sC, gC, tidx, cfg.block_m, cute.arch.sync_threads)
+        else:
+            # A thread's values are column pairs: one 32-bit store each.
+            cute.autovec_copy(rC, thr_mma.partition_C(gC))
+
+    @cute.jit
+    def _mainloop_global(self, gA: cute.Tensor, gB: cute.Tensor, tiled_mma: cute.TiledMma,
+                         thr_mma, acc: cute.Tensor):
+        """The lab's first step: each K step's fragments loaded from global memory."""
+        tCgA = thr_mma.partition_A(gA)
+        tCgB = thr_mma.partition_B(gB)
+        tCrA = thr_mma.make_fragment_A(tCgA[None, None, None, 0])
+        tCrB = thr_mma.make_fragment_B(tCgB[None, None, None, 0])
+        for k in cutlass.range(cute.size(gA, mode=[2]), unroll=1):
+            cute.autovec_copy(tCgA[None, None, None, k], tCrA)
+            cute.autovec_copy(tCgB[None, None, None, k], tCrB)
+            cute.gemm(tiled_mma, acc, tCrA, tCrB, acc)
+
+    @cute.jit
+    def _mainloop_smem(self, gA: cute.Tensor, gB: cute.Tensor, sA: cute.Tensor,
+                       sB: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma,
+                       gmem_load: cute.TiledCopy, acc: cute.Tensor, tidx):
+        """Tiles through a ``stages``-deep shared-memory ring, fragments from there."""
+        cfg = self.cfg
+        thr_load = gmem_load.get_slice(tidx)
+        loads = ((thr_load.partition_S(gA), thr_load.partition_D(sA)),
+                 (thr_load.partition_S(gB), thr_load.partition_D(sB)))
+        tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA[None, None, 0]))
+        tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB[None, None, 0]))
+        if cutlass.const_expr(cfg.ldmatrix):
+            atom = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                       self.dtype)
+        else:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                       num_bits_per_copy=32)
+        s2r = [cute.make_tiled_copy_A(atom, tiled_mma).get_slice(tidx),
+               cute.make_tiled_copy_B(atom, tiled_mma).get_slice(tidx)]
+        frags = ((s2r[0].partition_S(sA), s2r[0].retile(tCrA)),
+                 (s2r[1].partition_S(sB), s2r[1].retile(tCrB)))
+        k_tiles = cute.size(gA, mode=[2])
+        stages = cfg.stages
+        for s in cutlass.range_constexpr(stages - 1):
+            if s < k_tiles:
+                self._load_tile(gmem_load, loads, s, s)
+            self._commit()
+        for k in cutlass.range(k_tiles, unroll=1):
+            if cutlass.const_expr(stages == 1):
+                self._load_tile(gmem_load, loads, k, 0)
+                self._commit()
+                self._wait(0)
+            else:
+                self._wait(stages - 2)
+            # The tile has landed for every thread; every thread is past its reads of the
+            # stage the next load overwrites (read in the previous iteration).
+            cute.arch.sync_threads()
+            if cutlass.const_expr(stages > 1):
+                ahead = k + stages - 1
+                if ahead < k_tiles:
+                    self._load_tile(gmem_load, loads, ahead, ahead % stages)
+                self._commit()
+            stage = k % stages
+            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                for (src, dst), s2r_copy in zip(frags, s2r, strict=True):
+                    cute.copy(s2r_copy, src[None, None, kb, stage], dst[None, None, kb])
+                cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+            if cutlass.const_expr(stages == 1):
+                cute.arch.sync_threads()
+
+    def _load_tile(self, gmem_load: cute.TiledCopy, loads: tuple, k, stage) -> None:
+        """K tile ``k`` of A and B into ring stage ``stage``."""
+        for src, dst in loads:
+            cute.copy(gmem_load, src[None, None, None, k], dst[None, None, None, stage])
+
+    def _commit(self) -> None:
+        if cutlass.const_expr(self.cfg.async_copy):
+            cute.arch.cp_async_commit_group()
+
+    def _wait(self, pending: int) -> None:
+        if cutlass.const_expr(self.cfg.async_copy):
+            cute.arch.cp_async_wait_group(pending)
