@@ -11,20 +11,19 @@ import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.gemm.abi import ReduceSpec
+from attnlab.kernels.gemm.base import ELEMENTS
 
 #: fp32 columns per thread: one 16-byte load.
 VECTOR = 4
 THREADS = 128
 
-_ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-             "float32": cutlass.Float32}
 
 
 class SplitKReduce:
     """Compile-time description of the reduction (a ``ReduceSpec``)."""
 
     def __init__(self, spec: ReduceSpec):
-        self.out_dtype = _ELEMENTS[spec.out_dtype]
+        self.out_dtype = ELEMENTS[spec.out_dtype]
 
     @cute.jit
     def __call__(self, partials: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream):

@@ -32,34 +32,26 @@ from cutlass.cute.nvgpu import cpasync, warp
 from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.epilogue import store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, row_copy, smem_tile_layout
-from attnlab.kernels.gemm.abi import GemmSpec
+from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
+from attnlab.kernels.gemm.base import GemmKernel
 
-_ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-             "float32": cutlass.Float32}
 #: m16n8k16: the MMA's shape; a tiled MMA's N is 16 so one ldmatrix.x4 feeds two n8 MMAs.
 MMA_SHAPE = (16, 8, 16)
 
 
-class HgemmSm80:
+class HgemmSm80(GemmKernel):
     """Compile-time description of one ``mma.sync`` HGEMM (a ``GemmSpec`` of an
     ``MmaGemmConfig``)."""
 
     def __init__(self, spec: GemmSpec):
         if spec.a_major != "k" or spec.b_major != "k":
             raise ValueError("the mma.sync HGEMM takes K-major A and B (B as w.t())")
-        self.spec = spec
-        self.cfg = spec.config
-        self.dtype = _ELEMENTS[spec.dtype]
-        self.out_dtype = _ELEMENTS[spec.out_dtype]
+        super().__init__(spec)
 
-    @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
-                 workspace: cute.Tensor | None, counters: cute.Tensor | None,
-                 scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
-                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
-                 num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
-        """Launch on ``kernels.gemm.abi.GemmArgs`` (split-K and INT8's arguments unused: one
-        CTA per tile, ``num_ctas`` of them)."""
+    def launch(self, t: GemmArgs, stream: cuda.CUstream):
+        """Layouts, copies and the tiled MMA of the config, then one CTA per tile (split-K's
+        and INT8's arguments unused)."""
+        a, b, c = t.a, t.b, t.c
         cfg = self.cfg
         mB = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 0]))
         tiled_mma = cute.make_tiled_mma(

@@ -43,25 +43,21 @@ from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
-from attnlab.kernels.gemm.abi import GemmSpec
+from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
+from attnlab.kernels.gemm.base import GemmKernel
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
 
-_ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-             "float32": cutlass.Float32, "int8": cutlass.Int8}
 #: Threads of one warpgroup.
 WARPGROUP = 128
 
 
-class HgemmSm90:
-    """Compile-time description of one sm_90a HGEMM (a ``GemmSpec``)."""
+class HgemmSm90(GemmKernel):
+    """Compile-time description of one sm_90a GEMM (a ``GemmSpec`` of a ``GemmConfig``)."""
 
     def __init__(self, spec: GemmSpec):
-        self.spec = spec
-        self.cfg = spec.config
-        self.dtype = _ELEMENTS[spec.dtype]
-        self.out_dtype = _ELEMENTS[spec.out_dtype]
+        super().__init__(spec)
         self.num_consumers = self.cfg.num_consumers
         self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype)
         self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
@@ -71,13 +67,9 @@ class HgemmSm90:
     # ----------------------------------------------------------------------------------------
     # Host side
     # ----------------------------------------------------------------------------------------
-    @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
-                 workspace: cute.Tensor | None, counters: cute.Tensor | None,
-                 scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
-                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
-                 num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
-        """Launch on the arguments of ``kernels.gemm.abi.GemmArgs`` (and the stream)."""
+    def launch(self, t: GemmArgs, stream: cuda.CUstream):
+        """The TMA atoms, layouts and MMAs of the spec, then the persistent launch."""
+        a, b, c = t.a, t.b, t.c
         cfg = self.cfg
         bm, bn, bk = self.tile
         # B as (N, K) and C as (M, N, splits): the modes the MMA and the TMA unit index.
@@ -115,11 +107,11 @@ class HgemmSm90:
         m_tiles = cute.ceil_div(a.shape[0], bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         k_tiles = cute.ceil_div(a.shape[1], bk)
-        dequant = (scale_a, scale_b, zero_b, rowsum_a)
-        self.kernel(tma_a, tma_b, tma_c, workspace, counters, dequant, mma, mma_wg, sA_layout,
-                    sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
-                    num_splits).launch(
-            grid=[num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
+        dequant = (t.scale_a, t.scale_b, t.zero_b, t.rowsum_a)
+        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, dequant, mma, mma_wg,
+                    sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
+                    t.num_splits).launch(
+            grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
 
     @staticmethod

@@ -1,0 +1,36 @@
+"""What both GEMM kernel classes share: the spec, the element types, and the launch's
+``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once)."""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
+
+ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+            "float32": cutlass.Float32, "int8": cutlass.Int8}
+
+
+class GemmKernel:
+    """Compile-time description of one GEMM kernel (a ``GemmSpec``); a subclass implements
+    ``launch``."""
+
+    def __init__(self, spec: GemmSpec):
+        self.spec = spec
+        self.cfg = spec.config
+        self.dtype = ELEMENTS[spec.dtype]
+        self.out_dtype = ELEMENTS[spec.out_dtype]
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
+                 workspace: cute.Tensor | None, counters: cute.Tensor | None,
+                 scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
+                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
+                 num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
+        """Launch on the arguments of ``GemmArgs`` (and the stream)."""
+        self.launch(GemmArgs(a, b, c, workspace, counters, scale_a, scale_b, zero_b, rowsum_a,
+                             num_splits, num_ctas), stream)
+
+    def launch(self, t: GemmArgs, stream: cuda.CUstream):
+        """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
+        raise NotImplementedError
