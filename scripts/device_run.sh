@@ -17,6 +17,8 @@
 #            later arguments go to it)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
 #            arguments go to the bench, e.g. --shapes 4096x4096x4096), INT8, the HGEMM ladder
+#   gemmtune attnlab tune --family gemm at the skinny shapes, then the bench there again (the
+#            tuned configs in use)
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
 #   explain  attnlab profile (ncu) and roofline
@@ -77,6 +79,11 @@ case $mode in
       --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x14336x4096,1024x4096x4096,16x4096x4096
     attnlab ladder --family gemm --dtype bf16 --out "$OUT/ladder"
     ;;
+  gemmtune)
+    shapes=512x512x4096,256x256x4096,256x256x8192,128x128x8192,1x4096x4096t,16x4096x4096t
+    attnlab tune --family gemm --dtype bf16 --shapes "$shapes"
+    attnlab bench --family gemm --dtypes bf16 --shapes "$shapes" --out "$OUT/tuned"
+    ;;
   study)
     python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \
       | tee -a "$log" | tail -5
@@ -91,5 +98,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|study|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|study|explain|profile)"; exit 2 ;;
 esac

@@ -207,3 +207,39 @@ def test_ladder_configs_refuse_knob_mixes():
                 dict(block_m=96), dict(block_k=16), dict(warps_m=1, warps_n=2)):
         with pytest.raises(ConfigError):
             MmaGemmConfig(**bad)
+
+
+# ---- tuning ----------------------------------------------------------------------------------
+def test_tune_space_starts_with_the_model_and_fits():
+    from attnlab.gemm.tune import gemm_space
+
+    space = gemm_space(256, 256, 8192, 132)
+    assert space[0] == plan(256, 256, 8192, 132).config
+    assert len(set(space)) == len(space) > 10
+    for cfg in space:
+        cfg.ring_stages("sm_90a", "float32" if cfg.split_k > 1 else "bfloat16")
+    assert any(cfg.split_k > 1 and cfg.split_mode == "serial" for cfg in space)
+    square = gemm_space(8192, 8192, 8192, 132)
+    assert all(cfg.split_k == 1 for cfg in square)  # 2048 tiles fill the GPU
+    assert all(cfg.block_k == 128 for cfg in gemm_space(4096, 4096, 4096, 132, "int8"))
+
+
+def test_tuning_cache_round_trips_a_gemm_entry(tmp_path, monkeypatch):
+    from attnlab.device import DeviceInfo
+    from attnlab.gemm.tune import gemm_key, record, tune_shape, tuned_config
+    from attnlab.tune.cache import TuneCache
+
+    gpu = DeviceInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), "sm_90a", 132, 50 << 20)
+    fast = GemmConfig(block_m=64, block_n=64, split_k=1)
+    model = GemmConfig(split_k=1)
+    best, timings = tune_shape([model, fast, GemmConfig(stages=3)],
+                               {model: 0.02, fast: 0.01}.get)
+    assert best == fast and len(timings) == 2
+    cache = TuneCache(tmp_path / "tune.json")
+    key = gemm_key(gpu, "bfloat16", "bfloat16", 256, 256, 8192)
+    record(cache, key, best, timings)
+    cache.save()
+    again = TuneCache(tmp_path / "tune.json")
+    assert tuned_config(again, key) == fast
+    assert again.entries[key]["default_ms"] == 0.02
+    assert tuned_config(again, key.replace("8192", "4096")) is None

@@ -170,3 +170,55 @@ def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
     path.write_text(json.dumps({"device": info.name, "steps": rows,
                                 "results": [r.to_dict() for r in results]}, indent=1))
     console.print(f"wrote {path} and {plot_gemm(results, out / 'gemm_ladder.png')}")
+
+
+def tune_gemm(cache, shapes: str, dtype: str, runs: int) -> None:
+    """Time ``gemm_space`` at each shape (round-robin, end to end), store each shape's best in
+    ``cache`` and print every shape's best against the dispatch model's choice."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import GemmPoint, measure_gemm
+    from attnlab.dispatch import reload_tune_cache
+    from attnlab.gemm import int8_matmul, matmul
+    from attnlab.gemm.api import forget_calls
+    from attnlab.gemm.tune import gemm_key, gemm_space, record, tune_shape
+
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    (dtype_name,) = parse_gemm_dtypes(dtype)
+    out_name = "bfloat16" if dtype_name == "int8" else dtype_name
+    table = Table(title=f"attnlab tune --family gemm on {info.name}, {dtype_name}: ms end to "
+                        "end", title_justify="left")
+    for column in ("shape", "candidates", "model's choice", "ms", "best", "ms", "gain"):
+        table.add_column(column)
+    for m, n, k, major in parse_shapes(shapes):
+        point = GemmPoint(m, n, k, dtype_name, "k" if dtype_name == "int8" else major)
+        space = gemm_space(m, n, k, info.multiprocessors, dtype_name, out_name)
+        if dtype_name == "int8":
+            impls = {cfg.label(): (lambda a, b, sa, sb, zb, cfg=cfg:
+                                   int8_matmul(a, b, sa, sb, zero_b=zb, config=cfg))
+                     for cfg in space}
+        else:
+            impls = {cfg.label(): (lambda a, b, cfg=cfg: matmul(a, b, config=cfg))
+                     for cfg in space}
+        by_label = {cfg.label(): cfg for cfg in space}
+        with progress_bar() as progress:
+            progress.add_task(f"{point.label()}: {len(space)} configs", total=None)
+            results = {r.impl: r for r in measure_gemm([point], impls, info.l2_bytes,
+                                                       runs=runs)}
+
+        def time_ms(cfg, results=results):
+            timing = results[cfg.label()].timing
+            return timing.median_ms if timing else None
+
+        best, timings = tune_shape(space, time_ms)
+        record(cache, gemm_key(info, dtype_name, out_name, m, n, k), best, timings)
+        model = space[0]
+        model_ms = timings.get(model, float("nan"))
+        table.add_row(point.label(), str(len(by_label)), model.label(), f"{model_ms:.4f}",
+                      best.label(), f"{timings[best]:.4f}", f"{model_ms / timings[best]:.2f}x")
+    console.print(table)
+    console.print(f"wrote {cache.save()}")
+    reload_tune_cache()
+    forget_calls()

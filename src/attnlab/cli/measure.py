@@ -384,6 +384,11 @@ def tune(
                              "causal entry also serves sliding windows)."),
     show: bool = typer.Option(False, help="Print the cache and exit."),
     clear: bool = typer.Option(False, help="Empty the cache and exit."),
+    family: str = typer.Option("attention", help="attention, or gemm: time GEMM configs at "
+                               "--shapes (--dtype bf16, fp16 or int8) and keep each shape's "
+                               "best for attnlab.gemm."),
+    shapes: str = typer.Option("4096x4096x4096", help="With --family gemm: MxNxK shapes (a "
+                               "trailing 't': B as a transposed weight)."),
 ) -> None:
     """Search kernel configs for this GPU; store the best per problem class in the cache."""
     from attnlab.tune.cache import TuneCache
@@ -394,6 +399,11 @@ def tune(
         return
     if clear:
         console.print(f"removed {cache.clear()} entries from {cache.path}")
+        return
+    if family == "gemm":
+        from attnlab.cli.gemm import tune_gemm
+
+        tune_gemm(cache, shapes, dtype, runs)
         return
     lengths = parse_ints(seqlens, "--seqlens")
     (dtype_name,) = parse_dtypes(dtype)
@@ -483,12 +493,15 @@ def _outcome_table(outcomes) -> Table:
 
 def _cache_table(cache) -> Table:
     from attnlab.config import FlashConfig
+    from attnlab.gemm_config import GemmConfig
 
     table = Table(title=f"tuning cache {cache.path}")
     for column in ("key", "config", "best ms", "default ms"):
         table.add_column(column)
     for key, entry in sorted(cache.entries.items()):
-        cfg = FlashConfig.from_dict(entry["config"])
+        knobs = entry["config"]
+        cfg = (GemmConfig(**knobs) if key.startswith("gemm|")  # type: ignore[arg-type]
+               else FlashConfig.from_dict(knobs))
         table.add_row(key, cfg.short_name(), f"{entry.get('best_ms', float('nan')):.3f}",
                       f"{entry.get('default_ms', float('nan')):.3f}")
     if not cache.entries:

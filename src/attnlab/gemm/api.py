@@ -147,6 +147,7 @@ class _GemmCall:
         if self.empty:
             return
         dtype = str(a.dtype).removeprefix("torch.")
+        config = config or tuned(info, dtype, out_name, self.m, self.n, self.k)
         self.plan: Plan = plan(self.m, self.n, self.k, info.multiprocessors, config,
                                in_dtype=dtype, out_dtype=out_name)
         kernel_out = out_name if self.plan.split in ("none", "serial") else "float32"
@@ -211,6 +212,15 @@ def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
         counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=dev)
         _counters[key] = counters
     return counters
+
+
+def tuned(info: device.DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int
+          ) -> GemmConfig | None:
+    """``attnlab tune --family gemm``'s config for this GEMM on this GPU, if it wrote one."""
+    from attnlab.dispatch import tune_cache
+    from attnlab.gemm.tune import gemm_key, tuned_config
+
+    return tuned_config(tune_cache(), gemm_key(info, dtype, out_dtype, m, n, k))
 
 
 def forget_calls() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from attnlab import device, kernel_cache
-from attnlab.gemm.api import GEMM_ARCHS, _check, operand_major
+from attnlab.gemm.api import GEMM_ARCHS, _check, operand_major, tuned
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, binary_config
@@ -98,6 +98,7 @@ class _Int8Call:
             raise ValueError(f"the output's rows ({self.n} x {out_name}) must be a multiple of "
                              f"{GEMM_ALIGN_BYTES} bytes; pad N")
         self.out_dtype, self.zero_points = out_dtype, zero_points
+        config = config or tuned(info, "int8", out_name, self.m, self.n, self.k)
         self.plan = plan(self.m, self.n, self.k, info.multiprocessors, config,
                          block_k=INT8_BLOCK_K, allow_split=False, in_dtype="int8",
                          out_dtype=out_name)

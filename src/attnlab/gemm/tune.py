@@ -1,0 +1,100 @@
+"""Tuning the GEMM on this GPU: time candidate configs per shape, keep the best in the tuning
+cache (``attnlab tune --family gemm``), which ``matmul`` reads before the dispatch model.
+
+A GEMM entry is keyed by the GPU, the dtypes and the exact shape (``gemm|...``): a model's
+projections are a handful of shapes called millions of times, so each is worth its own
+search. The candidates are the tiles the dispatch model weighs, each with the ring depth and
+raster order varied, and the split counts its model would consider, so the model's choice is
+always among them and the entry can only be as fast or faster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from attnlab.config import ConfigError
+from attnlab.device import DeviceInfo
+from attnlab.gemm.dispatch import TILES, deep_enough, plan
+from attnlab.gemm_config import MAX_STAGES, GemmConfig
+from attnlab.tune.cache import TuneCache
+
+#: Split counts the search times for shapes whose tiles leave SMs idle.
+SPLITS = (2, 4, 8)
+
+
+def gemm_key(gpu: DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int) -> str:
+    """The tuning-cache key of a GEMM on ``gpu``."""
+    major, minor = gpu.capability
+    return f"gemm|{gpu.name}|sm{major}{minor}|{dtype}->{out_dtype}|{m}x{n}x{k}"
+
+
+def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloat16",
+               out_dtype: str = "bfloat16") -> list[GemmConfig]:
+    """Candidates for an ``m x n x k`` GEMM: the dispatch model's choice first, then every
+    tile x ring depth (as many as fit, or 3 / 4) x raster order (1, 8), and for tiles that
+    leave SMs idle the ``SPLITS`` in both split modes."""
+    int8 = dtype == "int8"
+    block_k = 128 if int8 else 64
+    first = plan(m, n, k, multiprocessors, block_k=block_k, allow_split=not int8,
+                 in_dtype=dtype, out_dtype=out_dtype).config
+    space = [first]
+    for block_m, block_n in TILES:
+        for stages in (0, 3, 4):
+            for group in (1, 8):
+                try:
+                    cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
+                                     stages=stages, raster_group=group, split_k=1)
+                    cfg.ring_stages("sm_90a", out_dtype, dtype)
+                except ConfigError:
+                    continue
+                if deep_enough(cfg, dtype, out_dtype) and cfg not in space:
+                    space.append(cfg)
+        tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+        if int8 or block_n > 128 or tiles >= multiprocessors:
+            continue
+        for splits in SPLITS:
+            if math.ceil(k / block_k) >= 2 * splits:
+                for mode in ("workspace", "serial"):
+                    space.append(GemmConfig(block_m=block_m, block_n=block_n,
+                                            block_k=block_k, split_k=splits,
+                                            split_mode=mode))
+    return [cfg for cfg in space if cfg.stages <= MAX_STAGES]
+
+
+def best_of(timings: dict[GemmConfig, float]) -> GemmConfig:
+    """The fastest config (the earlier one on a tie: the model's choice comes first)."""
+    return min(timings, key=lambda cfg: timings[cfg])
+
+
+def tune_shape(space: list[GemmConfig], time_ms: Callable[[GemmConfig], float | None]
+               ) -> tuple[GemmConfig, dict[GemmConfig, float]]:
+    """Time every candidate (``time_ms`` returns None for one that failed) and return the
+    fastest with every timing."""
+    timings = {}
+    for cfg in space:
+        ms = time_ms(cfg)
+        if ms is not None:
+            timings[cfg] = ms
+    if not timings:
+        raise RuntimeError("no GEMM candidate ran")
+    return best_of(timings), timings
+
+
+def record(cache: TuneCache, key: str, best: GemmConfig, timings: dict[GemmConfig, float]
+           ) -> None:
+    """Store ``best`` for ``key`` with its time and the model's (the first candidate's)."""
+    model = next(iter(timings))
+    cache.entries[key] = {"config": best.to_dict(), "best_ms": timings[best],
+                          "default_ms": timings[model]}
+
+
+def tuned_config(cache: TuneCache, key: str) -> GemmConfig | None:
+    """The cache's config for ``key``, or None (none, or written by another version)."""
+    entry = cache.entries.get(key)
+    if entry is None:
+        return None
+    try:
+        return GemmConfig(**entry["config"])  # type: ignore[arg-type]
+    except (ConfigError, TypeError):
+        return None
