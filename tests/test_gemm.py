@@ -243,3 +243,14 @@ def test_tuning_cache_round_trips_a_gemm_entry(tmp_path, monkeypatch):
     assert tuned_config(again, key) == fast
     assert again.entries[key]["default_ms"] == 0.02
     assert tuned_config(again, key.replace("8192", "4096")) is None
+
+
+def test_inputs_that_require_grad_are_refused():
+    from attnlab.gemm import matmul
+
+    a = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(16, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no backward"):
+        matmul(a, b)
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        matmul(a, b)  # past the autograd rule, refused for the device

@@ -45,11 +45,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = 
         ``[M, N]`` in ``out_dtype``, contiguous.
 
     Raises:
+        RuntimeError: an input requires grad (no backward pass).
         TypeError: not tensors, unsupported dtypes, or a config of the wrong type.
         ValueError: shapes that do not multiply, strides or addresses the TMA unit cannot
             read (a stride or base not a multiple of 16 bytes), other devices.
         NotImplementedError: a GPU other than sm_90.
     """
+    refuse_autograd(a, b)
     out_dtype = a.dtype if out_dtype is None and isinstance(a, torch.Tensor) else out_dtype
     try:
         key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
@@ -62,6 +64,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = 
         if key is not None:
             remember(_calls, key, call)
     return call(a, b)
+
+
+def refuse_autograd(*tensors: object) -> None:
+    """The GEMMs have no backward: an input that requires grad (with grad mode on) would get a
+    result silently cut from the graph, so it is refused."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in tensors):
+        raise RuntimeError("attnlab.gemm has no backward pass: an input requires grad. Use "
+                           "torch.matmul for training, or call under torch.no_grad()")
 
 
 def _check(a: object, b: object, out_dtype: object, config: object,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from attnlab import device, kernel_cache
-from attnlab.gemm.api import GEMM_ARCHS, _check, operand_major, tuned
+from attnlab.gemm.api import GEMM_ARCHS, _check, operand_major, refuse_autograd, tuned
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, binary_config
@@ -49,6 +49,7 @@ def int8_matmul(a_q: torch.Tensor, b_q: torch.Tensor, scale_a: torch.Tensor,
         TypeError, ValueError: as ``attnlab.gemm.matmul``; scales of the wrong dtype, length
             or layout; an operand that is not K-major.
     """
+    refuse_autograd(scale_a, scale_b, zero_b)
     try:
         key = (a_q.shape, a_q.stride(), a_q.dtype, a_q.device, b_q.shape, b_q.stride(),
                b_q.dtype, zero_b is None, out_dtype, config)
