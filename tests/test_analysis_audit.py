@@ -17,11 +17,15 @@ def test_the_inventory_holds_every_family_attnlab_builds():
     for arch in ("sm_80", "sm_90a"):
         families = audit.inventory(arch)
         assert list(families) == ["forward ladder", "forward defaults", "backward",
-                                  "backward preprocess", "decode"]
+                                  "backward preprocess", "decode", "gemm", "gemm ladder"]
+        # The lab's nine mma.sync steps (g01-g08 with g07x) on every arch; the sm_90a GEMM
+        # kernels only there.
+        assert len(families["gemm ladder"]) == 9
+        assert bool(families["gemm"]) == (arch == "sm_90a")
         # Each head dim's four decoding variants (contiguous / paged, whole / split) and its
         # combine.
         assert len(families["decode"]) == 5 * 6
-        assert all(families.values())
+        assert all(v for name, v in families.items() if name != "gemm" or arch == "sm_90a")
         assert all(isinstance(s, ForwardSpec) for s in families["forward defaults"].values())
         assert all(isinstance(s, BackwardSpec) for s in families["backward"].values())
         assert all(isinstance(s, PreprocessSpec)
@@ -61,5 +65,5 @@ def test_audit_command_writes_table_json_and_png(monkeypatch, tmp_path):
     payload = json.loads((tmp_path / "audit_sm_80.json").read_text())
     assert len(payload["kernels"]) == 2 and payload["families"][0]["kernels"] == 2
     assert (tmp_path / "audit_sm_80.png").read_bytes()[:4] == b"\x89PNG"
-    bad = CliRunner().invoke(app, ["audit", "--family", "gemm", "--out", str(tmp_path)])
+    bad = CliRunner().invoke(app, ["audit", "--family", "conv", "--out", str(tmp_path)])
     assert bad.exit_code == 2

@@ -5,8 +5,10 @@ spills), from cross-compiled binaries (no GPU).
 The inventory is what the library ships, per architecture: the forward ladder's configs
 (each step and lab variant at hd128), the forward kernels ``attention()`` runs by default
 (``policy.default_specs``), the backward kernels and their preprocess
-(``policy.default_backward_specs``). Families the lab adds later (GEMM, convolution) join
-the inventory here. Every count is static (build time), as the seed's were.
+(``policy.default_backward_specs``), the decoding kernels, the GEMM kernels the dispatch
+builds (``gemm.dispatch.default_specs``: sm_90a) and the lab's HGEMM steps on ``mma.sync``
+(``gemm.ladder``). The convolution family joins when it exists. Every count is static
+(build time), as the seed's were.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab import ladder, policy
+from attnlab.gemm.dispatch import default_specs as gemm_specs
+from attnlab.gemm.ladder import GEMM_STEPS
+from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.abi import (
     BackwardSpec,
     CombineSpec,
@@ -24,11 +29,16 @@ from attnlab.kernels.abi import (
     ForwardSpec,
     PreprocessSpec,
 )
+from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
-Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
+Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec | GemmSpec
 
 
 def _label(spec: Spec) -> str:
+    if isinstance(spec, GemmSpec | ReduceSpec):
+        dtypes = (f"{spec.dtype}->{spec.out_dtype}" if isinstance(spec, GemmSpec)
+                  else spec.out_dtype)
+        return f"{spec.label} {dtypes}{spec.variant()}"
     head = f"{spec.dtype} hd{spec.head_dim}"
     if isinstance(spec, PreprocessSpec):
         return f"preprocess {head}{' varlen' if spec.varlen else ''}" \
@@ -45,7 +55,11 @@ def inventory(arch: str) -> dict[str, dict[str, Spec]]:
                            for name, config in ladder.named_for(arch, 128).items()},
         "forward defaults": {_label(s): s for s in policy.default_specs(arch)},
         "backward": {}, "backward preprocess": {},
-        "decode": {_label(s): s for s in policy.decode_specs(arch)}}
+        "decode": {_label(s): s for s in policy.decode_specs(arch)},
+        "gemm": {_label(s): s for s in gemm_specs(arch)},
+        "gemm ladder": {name: GemmSpec(config, arch, "bfloat16", "bfloat16", "k", "k")
+                        for name, (config, _) in GEMM_STEPS.items()
+                        if isinstance(config, MmaGemmConfig)}}
     for spec in policy.default_backward_specs(arch):
         family = "backward preprocess" if isinstance(spec, PreprocessSpec) else "backward"
         families[family][_label(spec)] = spec

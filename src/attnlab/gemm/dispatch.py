@@ -142,3 +142,28 @@ def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None
     items = tiles * splits
     num_ctas = min(items, multiprocessors) if cfg.persistent else items
     return Plan(cfg.replace(split_k=splits), splits, num_ctas)
+
+
+def default_specs(arch: str) -> list:
+    """Every GEMM kernel the dispatch may build on ``arch`` (the audit's and the cache
+    warm-up's list): on sm_90a each model tile in fp16 and bf16, the split forms of the split
+    tiles, INT8's tiles with both epilogues and the split-K reduction; none elsewhere."""
+    from attnlab.gemm.int8 import INT8_BLOCK_K
+    from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, binary_config
+
+    if arch != "sm_90a":
+        return []
+    specs: list = []
+    for block_m, block_n in TILES:
+        cfg = binary_config(GemmConfig(block_m=block_m, block_n=block_n))
+        specs += [GemmSpec(cfg, arch, dtype, dtype, "k", b_major)
+                  for dtype in ("bfloat16", "float16") for b_major in ("n", "k")]
+        if block_n <= 128:
+            specs += [GemmSpec(cfg, arch, "bfloat16", "float32" if split == "workspace"
+                               else "bfloat16", "k", "k", split)
+                      for split in ("workspace", "serial")]
+        int8 = binary_config(GemmConfig(block_m=block_m, block_n=block_n,
+                                        block_k=INT8_BLOCK_K))
+        specs += [GemmSpec(int8, arch, "int8", "bfloat16", "k", "k", "none", dequant)
+                  for dequant in ("scale", "scale_zero")]
+    return specs + [ReduceSpec(arch, dtype) for dtype in ("bfloat16", "float16", "float32")]
