@@ -254,3 +254,13 @@ def test_inputs_that_require_grad_are_refused():
         matmul(a, b)
     with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
         matmul(a, b)  # past the autograd rule, refused for the device
+
+
+def test_analysis_artifacts_of_gemm_specs(tmp_path):
+    """The analysis tools' compilation (``compile.compile_spec``) takes GEMM specs too."""
+    from attnlab.compile import compile_spec
+
+    reduce = compile_spec(ReduceSpec("sm_90a", "float16"), tmp_path)
+    gemm = compile_spec(GemmSpec(GemmConfig(), "sm_90a", "bfloat16", "bfloat16"), tmp_path)
+    assert reduce.cubin.exists() and reduce.dtype == "float16" and reduce.head_dim == 0
+    assert gemm.cubin.exists() and gemm.config == GemmConfig()

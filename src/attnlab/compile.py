@@ -18,7 +18,7 @@ from attnlab.backward_config import BackwardConfig
 from attnlab.config import FlashConfig
 from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.abi import BackwardSpec, ForwardSpec, PreprocessSpec
-from attnlab.kernels.gemm.abi import GemmSpec
+from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
 DEFAULT_ARTIFACT_DIR = Path(tempfile.gettempdir()) / "attnlab-artifacts"
 
@@ -70,7 +70,7 @@ def compile_config(
     return compile_spec(spec, out_dir)
 
 
-def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec,
+def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec | ReduceSpec,
                  out_dir: str | os.PathLike[str] | None = None) -> Artifacts:
     """:func:`compile_config` for any :class:`ForwardSpec` (e.g. one without the LSE),
     :class:`BackwardSpec`, :class:`PreprocessSpec` (whose artifacts have no config) or GEMM
@@ -81,12 +81,14 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec,
 
     config = getattr(spec, "config", None)
     head_dim = getattr(spec, "head_dim", 0)
+    dtype = getattr(spec, "dtype", None) or spec.out_dtype
     if config is not None:
         config.check_problem(head_dim, spec.arch)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    kind = {BackwardSpec: "bwd", PreprocessSpec: "pre", GemmSpec: "gemm"}.get(type(spec), "fwd")
-    stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{head_dim}{spec.variant()}_"
+    kind = {BackwardSpec: "bwd", PreprocessSpec: "pre", GemmSpec: "gemm",
+            ReduceSpec: "reduce"}.get(type(spec), "fwd")
+    stem = folder / (f"{kind}_{spec.arch}_{dtype}_d{head_dim}{spec.variant()}_"
                      f"{spec_digest(spec)[:12]}")
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
     if not (cubin_path.exists() and meta_path.exists()):
@@ -101,5 +103,5 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec,
         meta_path.write_text(json.dumps({"kernel_name": names[0].decode() if names
                                          else "unknown"}))
     meta = json.loads(meta_path.read_text())
-    return Artifacts(config, spec.arch, spec.dtype, head_dim, cubin_path,
+    return Artifacts(config, spec.arch, dtype, head_dim, cubin_path,
                      ptx_path if ptx_path.exists() else None, meta["kernel_name"])
