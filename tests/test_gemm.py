@@ -264,3 +264,20 @@ def test_analysis_artifacts_of_gemm_specs(tmp_path):
     gemm = compile_spec(GemmSpec(GemmConfig(), "sm_90a", "bfloat16", "bfloat16"), tmp_path)
     assert reduce.cubin.exists() and reduce.dtype == "float16" and reduce.head_dim == 0
     assert gemm.cubin.exists() and gemm.config == GemmConfig()
+
+
+def test_default_specs_cover_every_plan_of_the_lab_shapes():
+    """``attnlab cache --warm`` compiles ``default_specs``: every kernel the dispatch picks at
+    the lab's and the LLM shapes is among them (so a warmed machine compiles nothing)."""
+    from attnlab.bench.gemm import LAB_SHAPES, LLM_SHAPES
+    from attnlab.gemm.dispatch import default_specs
+
+    specs = set(default_specs("sm_90a"))
+    assert len(specs) == len(default_specs("sm_90a")) and default_specs("sm_80") == []
+    for m, n, k in LAB_SHAPES + LLM_SHAPES:
+        p = plan(m, n, k, 132)
+        b_major = "k" if (m, n, k) in LLM_SHAPES else "n"
+        spec = GemmSpec(binary_config(p.config), "sm_90a", "bfloat16",
+                        "float32" if p.split == "workspace" else "bfloat16", "k", b_major,
+                        p.split)
+        assert spec in specs or p.split != "none", (m, n, k)

@@ -16,8 +16,8 @@ def cache(
     show: bool = typer.Option(False, help="List the compiled kernels on disk."),
     clear: bool = typer.Option(False, help="Delete every compiled kernel on disk."),
     warm: bool = typer.Option(False, help="Compile this GPU's default kernels (every head dim, "
-                              "mask and dtype, with and without the LSE; and the backward's) "
-                              "into the cache."),
+                              "mask and dtype, with and without the LSE; the backward's; on "
+                              "sm_90a the GEMM dispatch's) into the cache."),
     arch: str = typer.Option(None, help="Target of --warm (default: this GPU's), e.g. sm_90a: "
                              "warming needs no GPU."),
     jobs: int = typer.Option(0, help="Compile processes for --warm (0: up to 8, one per CPU)."),
@@ -37,6 +37,7 @@ def cache(
 
 def _warm(arch: str | None, jobs: int) -> None:
     from attnlab import kernel_cache
+    from attnlab.gemm.dispatch import default_specs as gemm_specs
     from attnlab.policy import default_backward_specs, default_specs
 
     if arch is None:
@@ -48,7 +49,7 @@ def _warm(arch: str | None, jobs: int) -> None:
         from attnlab.device import arch_of
 
         arch = arch_of()
-    specs = default_specs(arch) + default_backward_specs(arch)
+    specs = default_specs(arch) + default_backward_specs(arch) + gemm_specs(arch)
     compiled = 0
     with progress_bar() as progress:
         task = progress.add_task(f"warm {arch} ({jobs} jobs)", total=len(specs))
