@@ -19,6 +19,7 @@
 #            arguments go to the bench, e.g. --shapes 4096x4096x4096), INT8, the HGEMM ladder
 #   gemmtune attnlab tune --family gemm at the skinny shapes, then the bench there again (the
 #            tuned configs in use)
+#   conv     the convolution family's GPU tests, then attnlab bench --family conv (SD-UNet shapes)
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
 #   explain  attnlab profile (ncu) and roofline
@@ -84,6 +85,11 @@ case $mode in
     attnlab tune --family gemm --dtype bf16 --shapes "$shapes"
     attnlab bench --family gemm --dtypes bf16 --shapes "$shapes" --out "$OUT/tuned"
     ;;
+  conv)
+    python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_conv_gpu.py 2>&1 | tee -a "$log" \
+      | tail -8
+    attnlab bench --family conv --dtypes bf16 --out "$OUT/conv"
+    ;;
   study)
     python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \
       | tee -a "$log" | tail -5
@@ -98,5 +104,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|study|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|conv|study|explain|profile)"; exit 2 ;;
 esac

@@ -133,14 +133,17 @@ def gemm_impls(configs: dict[str, object] | None = None) -> dict[str, Callable]:
     return impls
 
 
-def measure_gemm(points: list[GemmPoint], impls: dict[str, Callable], l2_bytes: int, *,
-                 runs: int = 30, on_point: Callable[[GemmPoint], None] | None = None
+def measure_gemm(points: list, impls: dict[str, Callable], l2_bytes: int, *,
+                 runs: int = 30, on_point: Callable[[object], None] | None = None,
+                 make_sets: Callable[[object, int], list[tuple]] = gemm_sets
                  ) -> list[GemmResult]:
-    """Every implementation at every point; an implementation that fails at a point is
-    reported with its error and left out of that point's timing."""
+    """Every implementation at every point, each called on ``make_sets(point, l2_bytes)``'s
+    input sets in turn (any point with ``flops`` and ``label()``: the conv bench's too); an
+    implementation that fails at a point is reported with its error and left out of that
+    point's timing."""
     results: list[GemmResult] = []
     for point in points:
-        sets = gemm_sets(point, l2_bytes)
+        sets = make_sets(point, l2_bytes)
         fns = {name: (lambda i, fn=fn, sets=sets: fn(*sets[i % len(sets)]))
                for name, fn in impls.items()}
         failed: dict[str, str] = {}

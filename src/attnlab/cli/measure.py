@@ -106,9 +106,10 @@ def bench(
     cross: bool = typer.Option(False, help="Cross-attention instead: seed 004's Sq x Sk shapes "
                                "(256 x 77, 1024 x 256, 4096 x 77), batch 8, 8 heads, "
                                "--head-dims."),
-    family: str = typer.Option("attention", help="attention, or gemm: attnlab.gemm.matmul "
+    family: str = typer.Option("attention", help="attention; gemm: attnlab.gemm.matmul "
                                "against cuBLAS on the lab's shapes and an LLM projection set "
-                               "(--dtypes bf16,fp16,int8; --shapes)."),
+                               "(--dtypes bf16,fp16,int8; --shapes); conv: attnlab.conv.conv2d "
+                               "against cuDNN at the SD-UNet shapes."),
     shapes: str = typer.Option(None, help="With --family gemm: MxNxK shapes, comma-separated "
                                "(a trailing 't' takes B as a transposed [N, K] weight)."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
@@ -130,8 +131,13 @@ def bench(
 
         bench_gemm(shapes, dtypes, runs, out)
         return
+    if family == "conv":
+        from attnlab.cli.conv import bench_conv
+
+        bench_conv(dtypes, runs, out)
+        return
     if family != "attention":
-        raise typer.BadParameter(f"expected attention or gemm, got {family!r}",
+        raise typer.BadParameter(f"expected attention, gemm or conv, got {family!r}",
                                  param_hint="--family")
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),

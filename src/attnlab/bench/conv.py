@@ -1,0 +1,71 @@
+"""``attnlab bench --family conv``: ``attnlab.conv.conv2d`` against cuDNN (``F.conv2d`` on
+channels-last tensors) at the lab's SD-UNet shapes, timed as the GEMM bench times (same
+rounds, same rotating inputs, end to end and device only)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.bench.gemm import L2_SPAN, MAX_SETS
+
+#: (channels, height = width) of the SD-UNet's 3 x 3 convolutions the issue names.
+SD_UNET = ((320, 64), (640, 32), (640, 16), (512, 16), (256, 32), (128, 64), (64, 64))
+
+
+@dataclass(frozen=True)
+class ConvPoint:
+    n: int
+    c: int
+    hw: int
+    k: int
+    r: int = 3
+    stride: int = 1
+    padding: int = 1
+    dtype: str = "bfloat16"
+
+    @property
+    def out_hw(self) -> int:
+        return (self.hw + 2 * self.padding - self.r) // self.stride + 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.n * self.out_hw ** 2 * self.k * self.c * self.r * self.r
+
+    def label(self) -> str:
+        stride = f" s{self.stride}" if self.stride != 1 else ""
+        return f"N{self.n} {self.c}->{self.k} {self.hw}^2 {self.r}x{self.r}{stride}"
+
+
+def sd_unet_points(batches: tuple[int, ...] = (1, 4), dtype: str = "bfloat16"
+                   ) -> list[ConvPoint]:
+    return [ConvPoint(n, c, hw, c, dtype=dtype) for n in batches for c, hw in SD_UNET]
+
+
+def conv_sets(point: ConvPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
+    """``(x, w, bias, stride, padding)`` sets, channels-last, spanning ``L2_SPAN`` x L2."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, point.dtype)
+    size = 2 * (point.n * point.c * point.hw ** 2 + point.k * point.c * point.r ** 2)
+    count = max(1, min(MAX_SETS, math.ceil(L2_SPAN * l2_bytes / size)))
+    sets = []
+    for _ in range(count):
+        x = torch.randn(point.n, point.c, point.hw, point.hw, device="cuda", dtype=dt,
+                        generator=gen).to(memory_format=torch.channels_last)
+        w = (torch.randn(point.k, point.c, point.r, point.r, device="cuda", dtype=dt,
+                         generator=gen) / math.sqrt(point.c * point.r ** 2)
+             ).to(memory_format=torch.channels_last)
+        bias = torch.randn(point.k, device="cuda", dtype=dt, generator=gen)
+        sets.append((x, w, bias, point.stride, point.padding))
+    return sets
+
+
+def conv_impls() -> dict[str, Callable]:
+    """``cudnn`` (``F.conv2d``) and ``attnlab`` (``attnlab.conv.conv2d``)."""
+    from attnlab.conv import conv2d
+
+    return {"cudnn": lambda x, w, b, s, p: torch.nn.functional.conv2d(x, w, b, s, p),
+            "attnlab": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p)}

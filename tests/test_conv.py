@@ -1,0 +1,65 @@
+"""The convolution family without a GPU: im2col against torch's convolution (fp64), and
+every input rule of ``attnlab.conv.conv2d`` (issue 23)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.conv import conv2d, im2col
+from attnlab.conv.api import check_conv_inputs, output_size
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 8]), h=st.integers(3, 9),
+       w=st.integers(3, 9), k=st.integers(1, 4), r=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), padding=st.integers(0, 1))
+def test_im2col_times_the_filters_is_the_convolution(n, c, h, w, k, r, stride, padding):
+    gen = torch.Generator().manual_seed(n * 1000 + c * 100 + h * 10 + w)
+    x = torch.randn(n, c, h, w, dtype=torch.float64, generator=gen)
+    filters = torch.randn(k, c, r, r, dtype=torch.float64, generator=gen)
+    if output_size(h, r, stride, padding) < 1 or output_size(w, r, stride, padding) < 1:
+        return
+    cols = im2col(x.permute(0, 2, 3, 1), (r, r), (stride, stride), (padding, padding))
+    out = cols @ filters.permute(0, 2, 3, 1).reshape(k, -1).t()
+    ref = F.conv2d(x, filters, stride=stride, padding=padding)
+    p, q = ref.shape[2:]
+    torch.testing.assert_close(out.view(n, p, q, k).permute(0, 3, 1, 2), ref)
+
+
+def _inputs(c=8, k=8, dtype=torch.bfloat16, channels_last=True):
+    x = torch.randn(1, c, 8, 8, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    return x, torch.randn(k, c, 3, 3, dtype=dtype)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(dtype=torch.float32), TypeError, "float32"),
+    (dict(channels_last=False), ValueError, "channels-last"),
+    (dict(c=12), ValueError, "input channels must be a multiple of 8"),
+    (dict(k=12), ValueError, "output channels must be a multiple of 8"),
+])
+def test_conv_input_rules(change, error, match):
+    x, w = _inputs(**change)
+    with pytest.raises(error, match=match):
+        check_conv_inputs(x, w, None, (1, 1), (1, 1))
+
+
+def test_conv_refuses_mismatches_and_empty_outputs():
+    x, w = _inputs()
+    with pytest.raises(ValueError, match="input channels, x has"):
+        check_conv_inputs(x, torch.randn(8, 16, 3, 3, dtype=torch.bfloat16), None, (1, 1),
+                          (1, 1))
+    with pytest.raises(ValueError, match="no output"):
+        check_conv_inputs(x, torch.randn(8, 8, 11, 11, dtype=torch.bfloat16), None, (1, 1),
+                          (0, 0))
+    with pytest.raises(ValueError, match="bias"):
+        check_conv_inputs(x, w, torch.zeros(4), (1, 1), (1, 1))
+    with pytest.raises(TypeError, match="pair of ints"):
+        conv2d(x, w, stride=(1, 2, 3))
+    with pytest.raises(RuntimeError, match="no backward"):
+        conv2d(x, w.requires_grad_())
