@@ -63,3 +63,21 @@ def test_conv_refuses_mismatches_and_empty_outputs():
         conv2d(x, w, stride=(1, 2, 3))
     with pytest.raises(RuntimeError, match="no backward"):
         conv2d(x, w.requires_grad_())
+
+
+def test_conv2d_composes_im2col_the_gemm_and_the_bias(monkeypatch):
+    """The whole call on the CPU, torch's product standing in for the GPU GEMM: shape,
+    channels-last result, bias, stride 2."""
+    import attnlab.conv.api as api
+
+    monkeypatch.setattr(api, "matmul", lambda a, b: (a.float() @ b.float()).to(a.dtype))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 9, 9, generator=gen).to(torch.bfloat16,
+                                                   memory_format=torch.channels_last)
+    w = torch.randn(24, 16, 3, 3, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(24, generator=gen).to(torch.bfloat16)
+    out = conv2d(x, w, bias, stride=2, padding=1)
+    ref = F.conv2d(x.float(), w.float(), bias.float(), stride=2, padding=1)
+    assert out.shape == ref.shape == (2, 24, 5, 5)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
