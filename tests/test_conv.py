@@ -81,3 +81,36 @@ def test_conv2d_composes_im2col_the_gemm_and_the_bias(monkeypatch):
     assert out.shape == ref.shape == (2, 24, 5, 5)
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
+
+
+def test_group_norm_silu_kernel_cross_compiles():
+    import tempfile
+
+    from attnlab.analysis import sass
+    from attnlab.jit import compile_spec, dumped_binary
+    from attnlab.kernels.conv.abi import GroupNormSiluSpec
+
+    for arch in ("sm_80", "sm_90a"):
+        with tempfile.TemporaryDirectory() as folder:
+            compile_spec(GroupNormSiluSpec(arch, "bfloat16"), folder)
+            ops = sass.histogram(sass.parse(sass.disassemble(dumped_binary(folder)[0])))
+        # The three passes' loads, one store, warp-shuffle sums, no local memory.
+        assert ops["LDG"] >= 3 and ops["STG"] == 1 and ops["SHFL"] > 0, ops
+        assert ops["STL"] == ops["LDL"] == 0, ops
+
+
+def test_group_norm_silu_input_rules():
+    from attnlab.conv.norm import check_norm_inputs, image_rows
+
+    x = torch.randn(1, 64, 4, 4, dtype=torch.float16).to(memory_format=torch.channels_last)
+    weight, bias = torch.ones(64), torch.zeros(64)
+    check_norm_inputs(x, 32, weight, bias)
+    assert image_rows(x).shape == (1, 16, 64) and image_rows(x).data_ptr() == x.data_ptr()
+    with pytest.raises(ValueError, match="divide"):
+        check_norm_inputs(x, 24, weight, bias)
+    with pytest.raises(ValueError, match="channels-last"):
+        check_norm_inputs(x.contiguous(), 32, weight, bias)
+    with pytest.raises(ValueError, match="weight"):
+        check_norm_inputs(x, 32, torch.ones(32), bias)
+    with pytest.raises(TypeError, match="float32"):
+        check_norm_inputs(x.float(), 32, weight, bias)

@@ -28,3 +28,57 @@ def test_conv2d_matches_torch(n, c, hw, k, r, stride, padding, dtype):
     assert torch.isfinite(out).all()
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+
+
+def _image(n, c, hw, dtype, seed, scale=1.0, shift=0.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float32, generator=gen)
+    return (x * scale + shift).to(dtype).to(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("n,c,hw,groups,shift", [(1, 320, 64, 32, 0.0), (4, 640, 16, 32, 0.0),
+                                                 (2, 64, 33, 32, 3.0), (1, 128, 8, 1, 0.0)])
+def test_group_norm_silu_matches_torch(n, c, hw, groups, shift, dtype):
+    from attnlab.conv import group_norm_silu
+
+    x = _image(n, c, hw, dtype, c + hw, shift=shift)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weight = 1 + 0.1 * torch.randn(c, device="cuda", generator=gen)
+    bias = 0.1 * torch.randn(c, device="cuda", generator=gen)
+    y = group_norm_silu(x, groups, weight, bias)
+    ref = F.silu(F.group_norm(x.float(), groups, weight, bias, 1e-5))
+    assert y.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.isfinite(y).all()
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+
+
+def test_resblock_matches_torch():
+    from attnlab.conv import resblock
+
+    c, dtype = 320, torch.bfloat16
+    x = _image(1, c, 32, dtype, 7)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+
+    def params():
+        return (1 + 0.1 * torch.randn(c, device="cuda", generator=gen),
+                0.1 * torch.randn(c, device="cuda", generator=gen))
+
+    def conv():
+        w = torch.randn(c, c, 3, 3, device="cuda", generator=gen) / (9 * c) ** 0.5
+        return w.to(dtype), (0.1 * torch.randn(c, device="cuda", generator=gen)).to(dtype)
+
+    norm1, conv1, norm2, conv2 = params(), conv(), params(), conv()
+    out = resblock(x, norm1, conv1, norm2, conv2)
+
+    def ref_chain(t):
+        h = F.conv2d(F.silu(F.group_norm(t, 32, *norm1)), conv1[0].float(), conv1[1].float(),
+                     padding=1)
+        h = F.conv2d(F.silu(F.group_norm(h, 32, *norm2)), conv2[0].float(), conv2[1].float(),
+                     padding=1)
+        return t + h
+
+    ref = ref_chain(x.float())
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and err < 2e-2, err

@@ -29,6 +29,7 @@ from attnlab.kernels.abi import (
     fake_forward_args,
     fake_preprocess_args,
 )
+from attnlab.kernels.conv.abi import GroupNormSiluSpec, fake_groupnorm_args
 from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, fake_gemm_args, fake_reduce_args
 
 
@@ -83,8 +84,10 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
 
 
 def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
-                 | GemmSpec | ReduceSpec, dump_dir: str | Path | None = None) -> Any:
-    """The kernel of a forward, backward, preprocess, decoding or GEMM spec, compiled."""
+                 | GemmSpec | ReduceSpec | GroupNormSiluSpec,
+                 dump_dir: str | Path | None = None) -> Any:
+    """The kernel of a forward, backward, preprocess, decoding, GEMM or conv-family spec,
+    compiled."""
     if isinstance(spec, GemmSpec):
         from attnlab.gemm_config import MmaGemmConfig
 
@@ -94,6 +97,11 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec 
             from attnlab.kernels.gemm.sm90 import HgemmSm90 as gemm_kernel
         return compile_kernel(gemm_kernel(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
                               dump_dir=dump_dir)
+    if isinstance(spec, GroupNormSiluSpec):
+        from attnlab.kernels.conv.groupnorm import GroupNormSilu
+
+        return compile_kernel(GroupNormSilu(spec), tuple(fake_groupnorm_args(spec)),
+                              arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, ReduceSpec):
         from attnlab.kernels.gemm.reduce import SplitKReduce
 

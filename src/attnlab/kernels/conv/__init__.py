@@ -1,0 +1,1 @@
+"""The lab's convolution-family kernels (``attnlab.conv`` calls them)."""

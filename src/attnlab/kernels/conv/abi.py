@@ -1,0 +1,55 @@
+"""The convolution family's launch ABI (no CuTe DSL import): specs (the disk cache's keys)
+and argument lists with their compile-time stand-ins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from attnlab.kernels.abi import FlatSpec
+
+
+@dataclass(frozen=True)
+class GroupNormSiluSpec(FlatSpec):
+    """GroupNorm followed by SiLU in one kernel (``kernels/conv/groupnorm.py``)."""
+
+    KIND: ClassVar[str] = "groupnorm_silu"
+
+    arch: str
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return "groupnorm_silu"
+
+
+class GroupNormSiluArgs(NamedTuple):
+    """``x`` and ``y``: ``[N, H W, C]`` (a channels-last image's view); ``weight``, ``bias``:
+    fp32 ``[C]``; ``groups``: channel groups (C a multiple of it); ``eps``."""
+
+    x: Any
+    y: Any
+    weight: Any
+    bias: Any
+    groups: Any
+    eps: Any
+
+
+def fake_groupnorm_args(spec: GroupNormSiluSpec) -> GroupNormSiluArgs:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    element = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+
+    def image():
+        return make_fake_tensor(element, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                                stride=(cute.sym_int64(), cute.sym_int32(), 1),
+                                assumed_align=2)
+
+    def vector():
+        return make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
+                                assumed_align=4)
+
+    return GroupNormSiluArgs(image(), image(), vector(), vector(), cutlass.Int32(32),
+                             cutlass.Float32(1e-5))
