@@ -114,3 +114,12 @@ def test_group_norm_silu_input_rules():
         check_norm_inputs(x, 32, torch.ones(32), bias)
     with pytest.raises(TypeError, match="float32"):
         check_norm_inputs(x.float(), 32, weight, bias)
+
+
+def test_bench_points_count_the_convolutions_flops():
+    from attnlab.bench.conv import ConvPoint, ResBlockPoint, sd_unet_points
+
+    assert ConvPoint(1, 320, 64, 320).flops == 2 * 64 * 64 * 320 * 320 * 9
+    assert ConvPoint(1, 8, 9, 8, stride=2).out_hw == 5
+    assert ResBlockPoint(1, 320, 64).flops == 2 * ConvPoint(1, 320, 64, 320).flops
+    assert len(sd_unet_points()) == 14 and len({p.label() for p in sd_unet_points()}) == 14

@@ -69,3 +69,63 @@ def conv_impls() -> dict[str, Callable]:
 
     return {"cudnn": lambda x, w, b, s, p: torch.nn.functional.conv2d(x, w, b, s, p),
             "attnlab": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p)}
+
+
+#: (channels, height = width) of the ResBlocks timed (the SD-UNet's levels).
+RESBLOCKS = ((320, 64), (640, 32), (640, 16))
+
+
+@dataclass(frozen=True)
+class ResBlockPoint:
+    n: int
+    c: int
+    hw: int
+    dtype: str = "bfloat16"
+
+    @property
+    def flops(self) -> float:
+        """The two 3 x 3 convolutions' (the norms and the add are bandwidth, not FLOPs)."""
+        return 2 * 2.0 * self.n * self.hw ** 2 * self.c * self.c * 9
+
+    def label(self) -> str:
+        return f"ResBlock N{self.n} C{self.c} {self.hw}^2"
+
+
+def resblock_sets(point: ResBlockPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
+    """``(x, norm1, conv1, norm2, conv2)`` sets as ``attnlab.conv.resblock`` takes them."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, point.dtype)
+    c = point.c
+
+    def norm():
+        return (1 + 0.1 * torch.randn(c, device="cuda", generator=gen),
+                0.1 * torch.randn(c, device="cuda", generator=gen))
+
+    def conv():
+        w = torch.randn(c, c, 3, 3, device="cuda", generator=gen) / math.sqrt(9 * c)
+        return (w.to(dt).to(memory_format=torch.channels_last),
+                (0.1 * torch.randn(c, device="cuda", generator=gen)).to(dt))
+
+    size = 2 * point.n * c * point.hw ** 2
+    count = max(1, min(MAX_SETS, math.ceil(L2_SPAN * l2_bytes / size)))
+    return [(torch.randn(point.n, c, point.hw, point.hw, device="cuda", dtype=dt,
+                         generator=gen).to(memory_format=torch.channels_last),
+             norm(), conv(), norm(), conv()) for _ in range(count)]
+
+
+def torch_resblock(x, norm1, conv1, norm2, conv2, groups: int = 32):
+    """The ResBlock in torch ops (the eager peer, and what ``torch.compile`` compiles)."""
+    f = torch.nn.functional
+    h = f.conv2d(f.silu(f.group_norm(x, groups, norm1[0].to(x.dtype), norm1[1].to(x.dtype))),
+                 *conv1, padding=1)
+    h = f.conv2d(f.silu(f.group_norm(h, groups, norm2[0].to(x.dtype), norm2[1].to(x.dtype))),
+                 *conv2, padding=1)
+    return x + h
+
+
+def resblock_impls() -> dict[str, Callable]:
+    """``eager`` (torch ops), ``compiled`` (``torch.compile`` of them) and ``attnlab``."""
+    from attnlab.conv import resblock
+
+    return {"eager": torch_resblock, "compiled": torch.compile(torch_resblock),
+            "attnlab": resblock}

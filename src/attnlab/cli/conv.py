@@ -1,4 +1,5 @@
-"""``attnlab bench --family conv``: the table and JSON of the convolution bench."""
+"""``attnlab bench --family conv``: the convolution bench (conv2d against cuDNN) and the
+ResBlock chain (against torch eager and ``torch.compile``): tables and JSON."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
     import torch
 
     from attnlab import device
-    from attnlab.bench.conv import conv_impls, conv_sets, sd_unet_points
+    from attnlab.bench.conv import (
+        RESBLOCKS,
+        ResBlockPoint,
+        conv_impls,
+        conv_sets,
+        resblock_impls,
+        resblock_sets,
+        sd_unet_points,
+    )
     from attnlab.bench.gemm import measure_gemm
 
     require_gpu()
@@ -43,7 +52,27 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
                       f"{ours.tflops / peer.tflops:.2f}x" if ok else "-",
                       f"{ours.device_tflops / peer.device_tflops:.2f}x" if ok else "-")
     console.print(table)
+    blocks = [ResBlockPoint(1, c, hw, dtype) for dtype in parse_gemm_dtypes(dtypes)
+              if dtype != "int8" for c, hw in RESBLOCKS]
+    with progress_bar() as progress:
+        task = progress.add_task("resblock (torch.compile compiles first)", total=len(blocks))
+        chain = measure_gemm(blocks, resblock_impls(), info.l2_bytes, runs=runs,
+                             on_point=lambda p: progress.advance(task),
+                             make_sets=resblock_sets)
+    table = Table(title="the ResBlock chain: ms end to end (device only); attnlab's ratio to "
+                        "torch eager and to torch.compile", title_justify="left")
+    for column in ("block", "eager", "compiled", "attnlab", "/ eager", "/ compiled"):
+        table.add_column(column, justify="left" if column == "block" else "right")
+    for point in blocks:
+        mine = {r.impl: r for r in chain if r.point == point}
+        ms = {name: r.timing.median_ms if r.timing else None for name, r in mine.items()}
+        cells = [f"{ms[n]:.3f} ({mine[n].device_timing.median_ms:.3f})" if ms[n] else
+                 (mine[n].error or "-")[:30] for n in ("eager", "compiled", "attnlab")]
+        ratios = [f"{ms[peer] / ms['attnlab']:.2f}x" if ms[peer] and ms["attnlab"] else "-"
+                  for peer in ("eager", "compiled")]
+        table.add_row(point.label(), *cells, *ratios)
+    console.print(table)
     path = out / "conv.json"
     path.write_text(json.dumps({"device": info.name,
-                                "results": [r.to_dict() for r in results]}, indent=1))
+                                "results": [r.to_dict() for r in results + chain]}, indent=1))
     console.print(f"wrote {path}")
