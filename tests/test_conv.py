@@ -61,6 +61,8 @@ def test_conv_refuses_mismatches_and_empty_outputs():
         check_conv_inputs(x, w, torch.zeros(4), (1, 1), (1, 1))
     with pytest.raises(TypeError, match="pair of ints"):
         conv2d(x, w, stride=(1, 2, 3))
+    with pytest.raises(ValueError, match="algorithm"):
+        conv2d(x, w, algorithm="winograd")
     with pytest.raises(RuntimeError, match="no backward"):
         conv2d(x, w.requires_grad_())
 
@@ -83,20 +85,29 @@ def test_conv2d_composes_im2col_the_gemm_and_the_bias(monkeypatch):
     assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
 
 
-def test_group_norm_silu_kernel_cross_compiles():
+def _kernel_ops(spec):
     import tempfile
 
     from attnlab.analysis import sass
     from attnlab.jit import compile_spec, dumped_binary
-    from attnlab.kernels.conv.abi import GroupNormSiluSpec
 
-    for arch in ("sm_80", "sm_90a"):
-        with tempfile.TemporaryDirectory() as folder:
-            compile_spec(GroupNormSiluSpec(arch, "bfloat16"), folder)
-            ops = sass.histogram(sass.parse(sass.disassemble(dumped_binary(folder)[0])))
-        # The three passes' loads, one store, warp-shuffle sums, no local memory.
-        assert ops["LDG"] >= 3 and ops["STG"] == 1 and ops["SHFL"] > 0, ops
-        assert ops["STL"] == ops["LDL"] == 0, ops
+    with tempfile.TemporaryDirectory() as folder:
+        compile_spec(spec, folder)
+        return sass.histogram(sass.parse(sass.disassemble(dumped_binary(folder)[0])))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_conv_family_kernels_cross_compile(arch):
+    from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec
+
+    ops = _kernel_ops(GroupNormSiluSpec(arch, "bfloat16"))
+    # The three passes' loads, one store, warp-shuffle sums, no local memory.
+    assert ops["LDG"] >= 3 and ops["STG"] == 1 and ops["SHFL"] > 0, ops
+    assert ops["STL"] == ops["LDL"] == 0, ops
+    ops = _kernel_ops(DirectConvSpec(arch, "float16"))
+    # The FFMA baseline: scalar loads of x and w per product, one store per output.
+    assert ops["FFMA"] >= 4 and ops["STG"] == 1 and ops["HMMA"] == 0, ops
+    assert ops["STL"] == ops["LDL"] == 0, ops
 
 
 def test_group_norm_silu_input_rules():

@@ -29,7 +29,12 @@ from attnlab.kernels.abi import (
     fake_forward_args,
     fake_preprocess_args,
 )
-from attnlab.kernels.conv.abi import GroupNormSiluSpec, fake_groupnorm_args
+from attnlab.kernels.conv.abi import (
+    DirectConvSpec,
+    GroupNormSiluSpec,
+    fake_direct_conv_args,
+    fake_groupnorm_args,
+)
 from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, fake_gemm_args, fake_reduce_args
 
 
@@ -84,7 +89,7 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
 
 
 def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
-                 | GemmSpec | ReduceSpec | GroupNormSiluSpec,
+                 | GemmSpec | ReduceSpec | GroupNormSiluSpec | DirectConvSpec,
                  dump_dir: str | Path | None = None) -> Any:
     """The kernel of a forward, backward, preprocess, decoding, GEMM or conv-family spec,
     compiled."""
@@ -97,6 +102,11 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec 
             from attnlab.kernels.gemm.sm90 import HgemmSm90 as gemm_kernel
         return compile_kernel(gemm_kernel(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
                               dump_dir=dump_dir)
+    if isinstance(spec, DirectConvSpec):
+        from attnlab.kernels.conv.direct import DirectConv
+
+        return compile_kernel(DirectConv(spec), tuple(fake_direct_conv_args(spec)),
+                              arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, GroupNormSiluSpec):
         from attnlab.kernels.conv.groupnorm import GroupNormSilu
 

@@ -47,12 +47,12 @@ from attnlab.kernels.abi import (
     PreprocessSpec,
     spec_from_dict,
 )
-from attnlab.kernels.conv.abi import GroupNormSiluSpec
+from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec
 from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
 #: Any kind of kernel spec.
 Spec = (ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec | GemmSpec
-        | ReduceSpec | GroupNormSiluSpec)
+        | ReduceSpec | GroupNormSiluSpec | DirectConvSpec)
 
 logger = logging.getLogger("attnlab")
 

@@ -64,11 +64,14 @@ def conv_sets(point: ConvPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
 
 
 def conv_impls() -> dict[str, Callable]:
-    """``cudnn`` (``F.conv2d``) and ``attnlab`` (``attnlab.conv.conv2d``)."""
+    """``cudnn`` (``F.conv2d``), ``attnlab`` (``attnlab.conv.conv2d``: im2col + GEMM) and
+    ``direct`` (its FFMA baseline, the lab's first step)."""
     from attnlab.conv import conv2d
 
     return {"cudnn": lambda x, w, b, s, p: torch.nn.functional.conv2d(x, w, b, s, p),
-            "attnlab": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p)}
+            "attnlab": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p),
+            "direct": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p,
+                                                   algorithm="direct")}
 
 
 #: (channels, height = width) of the ResBlocks timed (the SD-UNet's levels).

@@ -38,15 +38,16 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
                                on_point=lambda p: progress.advance(task),
                                make_sets=conv_sets)
     table = Table(title=f"attnlab bench --family conv on {info.name}: TFLOP/s end to end "
-                        "(device only); ratio to cuDNN (F.conv2d, channels-last) in the same "
-                        "run", title_justify="left")
-    for column in ("shape", "dtype", "cudnn", "attnlab", "ratio", "device ratio"):
+                        "(device only); attnlab (im2col + GEMM) and the direct FFMA step; "
+                        "ratio to cuDNN (F.conv2d, channels-last) in the same run",
+                  title_justify="left")
+    for column in ("shape", "dtype", "cudnn", "direct", "attnlab", "ratio", "device ratio"):
         table.add_column(column, justify="left" if column == "shape" else "right")
     for point in points:
         mine = {r.impl: r for r in results if r.point == point}
         ours, peer = mine["attnlab"], mine["cudnn"]
-        cells = [f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r.tflops else (r.error or "-")[:40]
-                 for r in (peer, ours)]
+        cells = [f"{r.tflops:.1f} ({r.device_tflops:.1f})" if r.tflops else
+                 (r.error or "-")[:40] for r in (peer, mine["direct"], ours)]
         ok = ours.tflops and peer.tflops
         table.add_row(point.label(), point.dtype, *cells,
                       f"{ours.tflops / peer.tflops:.2f}x" if ok else "-",

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from attnlab import device, kernel_cache
 from attnlab.gemm import matmul
 from attnlab.gemm.api import refuse_autograd
+from attnlab.kernels.conv.abi import DirectConvSpec
 
 _DTYPES = (torch.float16, torch.bfloat16)
 #: Channels (of the input and of the output) must be a multiple of this: the GEMM's rows
@@ -77,11 +79,17 @@ def check_conv_inputs(x: object, w: object, bias: object, stride: tuple[int, int
                          f"leaves no output of a {h} x {width} input")
 
 
+#: The lab's steps ``conv2d`` can run (``algorithm``).
+ALGORITHMS = ("im2col", "direct")
+
+
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-           stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 1
-           ) -> torch.Tensor:
+           stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 1, *,
+           algorithm: str = "im2col") -> torch.Tensor:
     """2-D convolution of a channels-last ``x [N, C, H, W]`` with ``w [K, C, R, S]`` (as
     ``torch.nn.functional.conv2d``, no dilation or groups), fp32 accumulation.
+    ``algorithm``: ``"im2col"`` (the matrix times the filters on ``attnlab.gemm``) or
+    ``"direct"`` (the lab's FFMA baseline, ``kernels/conv/direct.py``).
 
     Returns:
         ``[N, K, P, Q]`` in x's dtype, channels-last.
@@ -91,15 +99,24 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
             requires grad (no backward pass).
     """
     refuse_autograd(x, w, bias)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     stride_hw, padding_hw = _pair(stride, "stride"), _pair(padding, "padding")
     check_conv_inputs(x, w, bias, stride_hw, padding_hw)
     n, _, h, width = x.shape
     k, c, r, s = w.shape
     p, q = output_size(h, r, stride_hw[0], padding_hw[0]), output_size(width, s, stride_hw[1],
                                                                        padding_hw[1])
-    cols = im2col(x.permute(0, 2, 3, 1), (r, s), stride_hw, padding_hw)
-    filters = w.permute(0, 2, 3, 1).reshape(k, r * s * c)
-    out = matmul(cols, filters.t())
+    # Filters as K rows of (filter row, filter column, channel): the NHWC window's order.
+    filters = w.permute(0, 2, 3, 1).contiguous()
+    if algorithm == "direct":
+        out = torch.empty((n, p, q, k), dtype=x.dtype, device=x.device)
+        spec = DirectConvSpec(device.info(x.device).arch, str(x.dtype).removeprefix("torch."))
+        kernel_cache.get(spec).fn(x.permute(0, 2, 3, 1), filters, out, *stride_hw,
+                                  *padding_hw)
+    else:
+        cols = im2col(x.permute(0, 2, 3, 1), (r, s), stride_hw, padding_hw)
+        out = matmul(cols, filters.view(k, r * s * c).t()).view(n, p, q, k)
     if bias is not None:
         out += bias.to(out.dtype)
-    return out.view(n, p, q, k).permute(0, 3, 1, 2)
+    return out.permute(0, 3, 1, 2)

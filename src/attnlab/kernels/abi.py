@@ -409,12 +409,12 @@ def spec_from_dict(data: dict[str, Any]
                    ) -> ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec:
     """The spec a ``to_dict`` wrote: forward, backward, the backward's preprocess, decoding or
     its combine."""
-    from attnlab.kernels.conv.abi import GroupNormSiluSpec
+    from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec
     from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
     kinds = {"backward": BackwardSpec, "preprocess": PreprocessSpec, "decode": DecodeSpec,
              "decode_combine": CombineSpec, "gemm": GemmSpec, "gemm_reduce": ReduceSpec,
-             "groupnorm_silu": GroupNormSiluSpec}
+             "groupnorm_silu": GroupNormSiluSpec, "conv_direct": DirectConvSpec}
     return kinds.get(data.get("kind"), ForwardSpec).from_dict(data)
 
 

@@ -53,3 +53,46 @@ def fake_groupnorm_args(spec: GroupNormSiluSpec) -> GroupNormSiluArgs:
 
     return GroupNormSiluArgs(image(), image(), vector(), vector(), cutlass.Int32(32),
                              cutlass.Float32(1e-5))
+
+
+@dataclass(frozen=True)
+class DirectConvSpec(FlatSpec):
+    """The lab's direct convolution (``kernels/conv/direct.py``): FFMA, one output a thread."""
+
+    KIND: ClassVar[str] = "conv_direct"
+
+    arch: str
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return "conv_direct"
+
+
+class DirectConvArgs(NamedTuple):
+    """``x [N, H, W, C]``, ``w [K, R, S, C]``, ``out [N, P, Q, K]`` (NHWC views, channels
+    contiguous); the strides and paddings of the two image axes."""
+
+    x: Any
+    w: Any
+    out: Any
+    stride_h: Any
+    stride_w: Any
+    pad_h: Any
+    pad_w: Any
+
+
+def fake_direct_conv_args(spec: DirectConvSpec) -> DirectConvArgs:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    element = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+
+    def nhwc():
+        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int())
+        stride = (cute.sym_int64(), cute.sym_int32(), cute.sym_int32(), 1)
+        return make_fake_tensor(element, shape, stride=stride, assumed_align=2)
+
+    one = cutlass.Int32(1)
+    return DirectConvArgs(nhwc(), nhwc(), nhwc(), one, one, one, one)
