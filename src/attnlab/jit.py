@@ -88,6 +88,19 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
                           dump_dir=dump_dir)
 
 
+#: Specs whose kernel class is one per spec type: (module, class, compile-time arguments).
+_KERNEL_OF = {
+    DecodeSpec: ("attnlab.kernels.common.decode", "FlashDecode", fake_decode_args),
+    CombineSpec: ("attnlab.kernels.common.decode_combine", "DecodeCombine", fake_combine_args),
+    PreprocessSpec: ("attnlab.kernels.common.bwd_preprocess", "BackwardPreprocess",
+                     fake_preprocess_args),
+    ReduceSpec: ("attnlab.kernels.gemm.reduce", "SplitKReduce", fake_reduce_args),
+    GroupNormSiluSpec: ("attnlab.kernels.conv.groupnorm", "GroupNormSilu",
+                        fake_groupnorm_args),
+    DirectConvSpec: ("attnlab.kernels.conv.direct", "DirectConv", fake_direct_conv_args),
+}
+
+
 def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
                  | GemmSpec | ReduceSpec | GroupNormSiluSpec | DirectConvSpec,
                  dump_dir: str | Path | None = None) -> Any:
@@ -102,38 +115,14 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec 
             from attnlab.kernels.gemm.sm90 import HgemmSm90 as gemm_kernel
         return compile_kernel(gemm_kernel(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
                               dump_dir=dump_dir)
-    if isinstance(spec, DirectConvSpec):
-        from attnlab.kernels.conv.direct import DirectConv
-
-        return compile_kernel(DirectConv(spec), tuple(fake_direct_conv_args(spec)),
-                              arch=spec.arch, dump_dir=dump_dir)
-    if isinstance(spec, GroupNormSiluSpec):
-        from attnlab.kernels.conv.groupnorm import GroupNormSilu
-
-        return compile_kernel(GroupNormSilu(spec), tuple(fake_groupnorm_args(spec)),
-                              arch=spec.arch, dump_dir=dump_dir)
-    if isinstance(spec, ReduceSpec):
-        from attnlab.kernels.gemm.reduce import SplitKReduce
-
-        return compile_kernel(SplitKReduce(spec), tuple(fake_reduce_args(spec)),
-                              arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, BackwardSpec):
         return compile_backward(spec, dump_dir)
-    if isinstance(spec, DecodeSpec):
-        from attnlab.kernels.common.decode import FlashDecode
+    if type(spec) in _KERNEL_OF:
+        import importlib
 
-        return compile_kernel(FlashDecode(spec), tuple(fake_decode_args(spec)), arch=spec.arch,
-                              dump_dir=dump_dir)
-    if isinstance(spec, CombineSpec):
-        from attnlab.kernels.common.decode_combine import DecodeCombine
-
-        return compile_kernel(DecodeCombine(spec), tuple(fake_combine_args(spec)),
-                              arch=spec.arch, dump_dir=dump_dir)
-    if isinstance(spec, PreprocessSpec):
-        from attnlab.kernels.common.bwd_preprocess import BackwardPreprocess
-
-        return compile_kernel(BackwardPreprocess(spec), tuple(fake_preprocess_args(spec)),
-                              arch=spec.arch, dump_dir=dump_dir)
+        module, name, fake_args = _KERNEL_OF[type(spec)]
+        kernel = getattr(importlib.import_module(module), name)(spec)
+        return compile_kernel(kernel, tuple(fake_args(spec)), arch=spec.arch, dump_dir=dump_dir)
     return compile_forward(spec, dump_dir)
 
 
