@@ -81,14 +81,13 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec | 
 
     config = getattr(spec, "config", None)
     head_dim = getattr(spec, "head_dim", 0)
-    dtype = getattr(spec, "dtype", None) or spec.out_dtype
     if config is not None:
         config.check_problem(head_dim, spec.arch)
     folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     kind = {BackwardSpec: "bwd", PreprocessSpec: "pre", GemmSpec: "gemm",
             ReduceSpec: "reduce"}.get(type(spec), "fwd")
-    stem = folder / (f"{kind}_{spec.arch}_{dtype}_d{head_dim}{spec.variant()}_"
+    stem = folder / (f"{kind}_{spec.arch}_{spec.dtype}_d{head_dim}{spec.variant()}_"
                      f"{spec_digest(spec)[:12]}")
     cubin_path, ptx_path, meta_path = (stem.with_suffix(s) for s in (".cubin", ".ptx", ".json"))
     if not (cubin_path.exists() and meta_path.exists()):
@@ -103,5 +102,5 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec | 
         meta_path.write_text(json.dumps({"kernel_name": names[0].decode() if names
                                          else "unknown"}))
     meta = json.loads(meta_path.read_text())
-    return Artifacts(config, spec.arch, dtype, head_dim, cubin_path,
+    return Artifacts(config, spec.arch, spec.dtype, head_dim, cubin_path,
                      ptx_path if ptx_path.exists() else None, meta["kernel_name"])

@@ -266,8 +266,7 @@ def _registers(cubin: Path) -> int | None:
 def describe(spec: Spec) -> str:
     """One line naming a spec (for logs and tables)."""
     problem = f" hd{spec.head_dim}" if hasattr(spec, "head_dim") else ""
-    dtype = getattr(spec, "dtype", None) or spec.out_dtype
-    return f"{spec.label} {spec.arch} {dtype}{problem}{spec.variant()}"
+    return f"{spec.label} {spec.arch} {spec.dtype}{problem}{spec.variant()}"
 
 
 def _publish(kernel: CompiledKernel, stem: Path) -> None:

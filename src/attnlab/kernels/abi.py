@@ -50,10 +50,12 @@ UNBOUNDED_SIDE = 1 << 30
 
 
 def _element_type(dtype: str):
-    """The CuTe element type of a dtype name (imports the DSL: compile time only)."""
+    """The CuTe element type of a dtype name: ``float16``, ``bfloat16``, ``float32`` or
+    ``int8`` (imports the DSL: compile time only)."""
     import cutlass
 
-    return cutlass.Float16 if dtype == "float16" else cutlass.BFloat16
+    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+            "float32": cutlass.Float32, "int8": cutlass.Int8}[dtype]
 
 
 def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:

@@ -12,14 +12,13 @@ sequence the tile arithmetic stays 32-bit, which validation guarantees is enough
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.abi import STRIDE_DIVISIBILITY
-
-_ELEMENT_TYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+from attnlab.kernels.abi import STRIDE_DIVISIBILITY, _element_type
 
 
 def element_type(dtype: str) -> type[cutlass.Numeric]:
-    """The CuTe element type of a dtype name (``"float16"``, ``"bfloat16"``)."""
-    return _ELEMENT_TYPES[dtype]
+    """The CuTe element type of a dtype name (``"float16"``, ``"bfloat16"``, ``"float32"``,
+    ``"int8"``)."""
+    return _element_type(dtype)
 
 
 def _with_batch_mode(t: cute.Tensor) -> cute.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from attnlab.kernels.abi import FlatSpec
+from attnlab.kernels.abi import FlatSpec, _element_type
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def fake_groupnorm_args(spec: GroupNormSiluSpec) -> GroupNormSiluArgs:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    element = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    element = _element_type(spec.dtype)
 
     def image():
         return make_fake_tensor(element, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
@@ -87,7 +87,7 @@ def fake_direct_conv_args(spec: DirectConvSpec) -> DirectConvArgs:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    element = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+    element = _element_type(spec.dtype)
 
     def nhwc():
         shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int())

@@ -11,6 +11,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.common.tensors import element_type
 from attnlab.kernels.conv.abi import DirectConvSpec
 
 THREADS = 256
@@ -20,7 +21,7 @@ class DirectConv:
     """Compile-time description of the kernel (a ``DirectConvSpec``)."""
 
     def __init__(self, spec: DirectConvSpec):
-        self.dtype = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+        self.dtype = element_type(spec.dtype)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, out: cute.Tensor,

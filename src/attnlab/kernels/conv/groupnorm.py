@@ -14,6 +14,7 @@ import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.common.base import shared_storage
+from attnlab.kernels.common.tensors import element_type
 from attnlab.kernels.conv.abi import GroupNormSiluSpec
 
 THREADS = 256
@@ -24,7 +25,7 @@ class GroupNormSilu:
     """Compile-time description of the kernel (a ``GroupNormSiluSpec``)."""
 
     def __init__(self, spec: GroupNormSiluSpec):
-        self.dtype = cutlass.Float16 if spec.dtype == "float16" else cutlass.BFloat16
+        self.dtype = element_type(spec.dtype)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, weight: cute.Tensor,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
-from attnlab.kernels.abi import FlatSpec
+from attnlab.kernels.abi import FlatSpec, _element_type
 
 #: Operand dtypes of the GEMM kernel: the HGEMM's, and INT8 (IGEMM).
 GEMM_DTYPES = ("float16", "bfloat16", "int8")
@@ -131,6 +131,11 @@ class ReduceSpec(FlatSpec):
     out_dtype: str
 
     @property
+    def dtype(self) -> str:
+        """The dtype a spec is named by: the output's (the partials are fp32)."""
+        return self.out_dtype
+
+    @property
     def label(self) -> str:
         return "splitk_reduce"
 
@@ -142,26 +147,19 @@ class ReduceArgs(NamedTuple):
     out: Any
 
 
-def _element(dtype: str):
-    import cutlass
-
-    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-            "float32": cutlass.Float32, "int8": cutlass.Int8}[dtype]
-
-
 def _fake_matrix(dtype: str, unit_stride_mode: int, batched: bool = False):
     """A symbolic 2D tensor (or ``[batch, rows, cols]``) whose ``unit_stride_mode`` (0 or 1
     of the matrix) has stride 1 and whose other stride is a multiple of 16 bytes."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    div = GEMM_ALIGN_BYTES * 8 // _element(dtype).width
+    div = GEMM_ALIGN_BYTES * 8 // _element_type(dtype).width
     other = cute.sym_int32(divisibility=div)
     stride = (other, 1) if unit_stride_mode == 1 else (1, other)
     shape = (cute.sym_int(), cute.sym_int())
     if batched:
         shape, stride = (cute.sym_int(), *shape), (cute.sym_int64(divisibility=div), *stride)
-    return make_fake_tensor(_element(dtype), shape, stride=stride,
+    return make_fake_tensor(_element_type(dtype), shape, stride=stride,
                             assumed_align=GEMM_ALIGN_BYTES)
 
 

@@ -1,14 +1,12 @@
-"""What both GEMM kernel classes share: the spec, the element types, and the launch's
+"""What both GEMM kernel classes share: the spec and its element types, and the launch's
 ``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once)."""
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.common.tensors import element_type
 from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
-
-ELEMENTS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-            "float32": cutlass.Float32, "int8": cutlass.Int8}
 
 
 class GemmKernel:
@@ -18,8 +16,8 @@ class GemmKernel:
     def __init__(self, spec: GemmSpec):
         self.spec = spec
         self.cfg = spec.config
-        self.dtype = ELEMENTS[spec.dtype]
-        self.out_dtype = ELEMENTS[spec.out_dtype]
+        self.dtype = element_type(spec.dtype)
+        self.out_dtype = element_type(spec.out_dtype)
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,

@@ -10,8 +10,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.common.tensors import element_type
 from attnlab.kernels.gemm.abi import ReduceSpec
-from attnlab.kernels.gemm.base import ELEMENTS
 
 #: fp32 columns per thread: one 16-byte load.
 VECTOR = 4
@@ -23,7 +23,7 @@ class SplitKReduce:
     """Compile-time description of the reduction (a ``ReduceSpec``)."""
 
     def __init__(self, spec: ReduceSpec):
-        self.out_dtype = ELEMENTS[spec.out_dtype]
+        self.out_dtype = element_type(spec.out_dtype)
 
     @cute.jit
     def __call__(self, partials: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream):
