@@ -134,3 +134,12 @@ def test_bench_points_count_the_convolutions_flops():
     assert ConvPoint(1, 8, 9, 8, stride=2).out_hw == 5
     assert ResBlockPoint(1, 320, 64).flops == 2 * ConvPoint(1, 320, 64, 320).flops
     assert len(sd_unet_points()) == 14 and len({p.label() for p in sd_unet_points()}) == 14
+
+
+def test_conv_bench_refuses_int8_before_needing_a_gpu():
+    from typer.testing import CliRunner
+
+    from attnlab.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--family", "conv", "--dtypes", "int8"])
+    assert result.exit_code == 2 and "bf16 and/or fp16" in result.output

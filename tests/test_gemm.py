@@ -281,3 +281,14 @@ def test_default_specs_cover_every_plan_of_the_lab_shapes():
                         "float32" if p.split == "workspace" else "bfloat16", "k", b_major,
                         p.split)
         assert spec in specs or p.split != "none", (m, n, k)
+
+
+def test_gemm_bench_parses_its_options_before_needing_a_gpu():
+    from typer.testing import CliRunner
+
+    from attnlab.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--family", "gemm", "--dtypes", "fp8"])
+    assert result.exit_code == 2 and "int8" in result.output
+    result = CliRunner().invoke(app, ["bench", "--family", "gemm", "--shapes", "4096x4096"])
+    assert result.exit_code == 2 and "MxNxK" in result.output

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from attnlab.cli.gemm import parse_gemm_dtypes
-from attnlab.cli.measure import console, progress_bar, require_gpu
+from attnlab.cli.measure import console, parse_dtypes, progress_bar, require_gpu
 
 
 def bench_conv(dtypes: str, runs: int, out: Path) -> None:
@@ -27,10 +26,9 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
     )
     from attnlab.bench.gemm import measure_gemm
 
+    points = [p for dtype in parse_dtypes(dtypes) for p in sd_unet_points(dtype=dtype)]
     require_gpu()
     info = device.info(torch.device("cuda"))
-    points = [p for dtype in parse_gemm_dtypes(dtypes) if dtype != "int8"
-              for p in sd_unet_points(dtype=dtype)]
     out.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         task = progress.add_task("conv", total=len(points))
@@ -53,8 +51,8 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
                       f"{ours.tflops / peer.tflops:.2f}x" if ok else "-",
                       f"{ours.device_tflops / peer.device_tflops:.2f}x" if ok else "-")
     console.print(table)
-    blocks = [ResBlockPoint(1, c, hw, dtype) for dtype in parse_gemm_dtypes(dtypes)
-              if dtype != "int8" for c, hw in RESBLOCKS]
+    blocks = [ResBlockPoint(1, c, hw, dtype) for dtype in parse_dtypes(dtypes)
+              for c, hw in RESBLOCKS]
     with progress_bar() as progress:
         task = progress.add_task("resblock (torch.compile compiles first)", total=len(blocks))
         chain = measure_gemm(blocks, resblock_impls(), info.l2_bytes, runs=runs,

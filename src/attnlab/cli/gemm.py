@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from attnlab.cli.measure import console, progress_bar, require_gpu
+from attnlab.cli.measure import console, parse_dtypes, progress_bar, require_gpu
 
 
 def parse_shapes(text: str | None) -> list[tuple[int, int, int, str]]:
@@ -33,18 +33,6 @@ def parse_shapes(text: str | None) -> list[tuple[int, int, int, str]]:
     return shapes
 
 
-GEMM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
-               "float16": "float16", "int8": "int8"}
-
-
-def parse_gemm_dtypes(text: str) -> list[str]:
-    try:
-        return [GEMM_DTYPES[part.strip()] for part in text.split(",") if part.strip()]
-    except KeyError as exc:
-        raise typer.BadParameter(f"unknown dtype {exc.args[0]!r}; use bf16, fp16 and/or int8",
-                                 param_hint="--dtypes") from None
-
-
 def bench_gemm(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     import torch
 
@@ -53,11 +41,12 @@ def bench_gemm(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     from attnlab.gemm.dispatch import plan
     from attnlab.gemm.int8 import INT8_BLOCK_K
 
-    require_gpu()
-    info = device.info(torch.device("cuda"))
     # INT8 reads B K-major: always the transposed-weight layout.
     points = [GemmPoint(m, n, k, dtype, "k" if dtype == "int8" else major)
-              for dtype in parse_gemm_dtypes(dtypes) for m, n, k, major in parse_shapes(shapes)]
+              for dtype in parse_dtypes(dtypes, int8=True)
+              for m, n, k, major in parse_shapes(shapes)]
+    require_gpu()
+    info = device.info(torch.device("cuda"))
     out.mkdir(parents=True, exist_ok=True)
     results = []
     with progress_bar() as progress:
@@ -132,9 +121,7 @@ def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
 
     require_gpu()
     info = device.info(torch.device("cuda"))
-    (dtype_name,) = parse_gemm_dtypes(dtype)
-    if dtype_name == "int8":
-        raise typer.BadParameter("the HGEMM ladder runs bf16 or fp16", param_hint="--dtype")
+    (dtype_name,) = parse_dtypes(dtype)
     steps = steps_for(info.arch)
     impls = {"cublas": torch.matmul}
     impls.update({name: (lambda a, b, cfg=cfg: ladder_matmul(a, b, cfg))
@@ -186,7 +173,7 @@ def tune_gemm(cache, shapes: str, dtype: str, runs: int) -> None:
 
     require_gpu()
     info = device.info(torch.device("cuda"))
-    (dtype_name,) = parse_gemm_dtypes(dtype)
+    (dtype_name,) = parse_dtypes(dtype, int8=True)
     out_name = "bfloat16" if dtype_name == "int8" else dtype_name
     table = Table(title=f"attnlab tune --family gemm on {info.name}, {dtype_name}: ms end to "
                         "end", title_justify="left")

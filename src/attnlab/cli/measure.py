@@ -41,13 +41,17 @@ def parse_ints(text: str, option: str) -> list[int]:
     return values
 
 
-def parse_dtypes(text: str) -> list[str]:
+def parse_dtypes(text: str, int8: bool = False) -> list[str]:
+    """``"bf16,fp16"`` -> dtype names; ``int8`` admits ``int8`` too (the GEMM family)."""
     aliases = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
                "float16": "float16", "half": "float16"}
+    if int8:
+        aliases["int8"] = "int8"
     try:
         return [aliases[part.strip()] for part in text.split(",") if part.strip()]
     except KeyError as exc:
-        raise typer.BadParameter(f"unknown dtype {exc.args[0]!r}; use bf16 and/or fp16",
+        choices = "bf16, fp16 and/or int8" if int8 else "bf16 and/or fp16"
+        raise typer.BadParameter(f"unknown dtype {exc.args[0]!r}; use {choices}",
                                  param_hint="--dtypes") from None
 
 
