@@ -2,6 +2,7 @@
 
 Usage:
     python scripts/sass_snapshot.py snapshot before.json     # at the old commit
+    python scripts/sass_snapshot.py snapshot --family gemm before.json  # the GEMM kernels
     python scripts/sass_snapshot.py snapshot after.json      # at the new one
     python scripts/sass_snapshot.py compare before.json after.json
 
@@ -56,10 +57,27 @@ def specs() -> dict[str, ForwardSpec]:
     return found
 
 
-def spec_key(spec: ForwardSpec) -> str:
-    """What identifies a kernel across commits: its config's fields and the variant."""
-    return json.dumps([spec.config.to_dict(), spec.arch, spec.dtype, spec.head_dim,
-                       spec.windowed, spec.varlen], sort_keys=True)
+def gemm_specs() -> dict[str, object]:
+    """The GEMM family's kernels: the dispatch's sm_90a list and the ladder's steps."""
+    from attnlab.gemm.dispatch import default_specs
+    from attnlab.gemm.ladder import steps_for
+    from attnlab.kernels.gemm.abi import GemmSpec
+
+    found = {f"{spec.label}{spec.variant()} {spec.dtype}->{getattr(spec, 'out_dtype', '')}":
+             spec for spec in default_specs("sm_90a")}
+    for name, (config, _) in steps_for("sm_90a").items():
+        found[f"ladder {name}"] = GemmSpec(config, "sm_90a", "bfloat16", "bfloat16", "k", "k")
+    return found
+
+
+def spec_key(spec) -> str:
+    """What identifies a kernel across commits: its config's fields and the variant (a
+    field added since with its default value left out)."""
+    if isinstance(spec, ForwardSpec):
+        return json.dumps([spec.config.to_dict(), spec.arch, spec.dtype, spec.head_dim,
+                           spec.windowed, spec.varlen], sort_keys=True)
+    return json.dumps({k: v for k, v in spec.to_dict().items() if v is not False},
+                      sort_keys=True, default=str)
 
 
 _CONSTANT = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
@@ -75,11 +93,11 @@ def digest(spec: ForwardSpec, folder: Path) -> dict[str, object]:
             "instructions": len(instructions), "spec": spec_key(spec)}
 
 
-def snapshot(path: Path) -> None:
+def snapshot(path: Path, family: str) -> None:
     result = {}
     digests: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for label, spec in specs().items():
+        for label, spec in (gemm_specs() if family == "gemm" else specs()).items():
             key = spec_key(spec)
             if key not in digests:  # a default that is also a named config: compile once
                 digests[key] = digest(spec, Path(folder))
@@ -114,9 +132,10 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["snapshot", "compare"])
     parser.add_argument("paths", nargs="+", type=Path)
+    parser.add_argument("--family", choices=["attention", "gemm"], default="attention")
     args = parser.parse_args()
     if args.command == "snapshot":
-        snapshot(args.paths[0])
+        snapshot(args.paths[0], args.family)
     else:
         sys.exit(compare(*args.paths[:2]))
 

@@ -143,3 +143,50 @@ def test_conv_bench_refuses_int8_before_needing_a_gpu():
 
     result = CliRunner().invoke(app, ["bench", "--family", "conv", "--dtypes", "int8"])
     assert result.exit_code == 2 and "bf16 and/or fp16" in result.output
+
+
+def _instructions(spec):
+    import tempfile
+
+    from attnlab.analysis import sass
+    from attnlab.jit import compile_spec, dumped_binary
+
+    with tempfile.TemporaryDirectory() as folder:
+        compile_spec(spec, folder)
+        return sass.parse(sass.disassemble(dumped_binary(folder)[0]))
+
+
+@pytest.mark.parametrize("split,bias", [("none", True), ("serial", False)])
+def test_implicit_conv_loads_its_a_tiles_with_the_tma_im2col_mode(split, bias):
+    from attnlab.gemm_config import GemmConfig
+    from attnlab.kernels.conv.abi import ImplicitConvSpec
+
+    spec = ImplicitConvSpec(GemmConfig(block_m=128, block_n=128), "sm_90a", "bfloat16",
+                            split=split, bias=bias)
+    opcodes = [i.opcode for i in _instructions(spec)]
+    # A through the im2col mode of a 5-D image (one depth slice), B and C as 2-D tiles.
+    assert opcodes.count("UTMALDG.5D.IM2COL") == 1 and opcodes.count("UTMALDG.2D") == 1
+    assert any(op.startswith("HGMMA") for op in opcodes)
+    assert not any(op.startswith(("STL", "LDL")) for op in opcodes)
+    # The bias: per-column loads in the epilogue; none without it (serial split: the
+    # partials' loads instead).
+    loads = sum(op.startswith("LDG") for op in opcodes)
+    assert loads > 0 if bias or split == "serial" else loads == 0
+
+
+def test_implicit_conv_spec_round_trips_and_refuses_a_second_pass():
+    from attnlab.config import ConfigError
+    from attnlab.gemm_config import GemmConfig
+    from attnlab.kernels.abi import spec_from_dict
+    from attnlab.kernels.conv.abi import ImplicitConvSpec
+    from attnlab.kernels.gemm.abi import GemmSpec
+
+    spec = ImplicitConvSpec(GemmConfig(block_n=160), "sm_90a", "float16", 1, 1, 2, 2, 0, 0,
+                            "serial", True)
+    assert spec_from_dict(spec.to_dict()) == spec
+    assert spec.variant() == "_r1s1_u2v2_p0q0_serial_bias"
+    with pytest.raises(ConfigError, match="one kernel"):
+        ImplicitConvSpec(GemmConfig(), "sm_90a", "float16", split="workspace")
+    # The GEMM's bias is the epilogue's: refused with split-K's second pass.
+    with pytest.raises(ConfigError, match="bias"):
+        GemmSpec(GemmConfig(), "sm_90a", "float16", "float32", split="atomic", bias=True)

@@ -12,23 +12,45 @@ from attnlab.conv import conv2d
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("algorithm", ["im2col", "direct"])
+def _poison_allocator(dev: str = "cuda") -> None:
+    """Leave NaNs in the blocks torch's caching allocator hands out next, so an output the
+    kernel fails to write shows up as NaN instead of an old, plausible value."""
+    torch.full((64 << 20,), float("nan"), device=dev, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("algorithm", ["implicit", "im2col", "direct"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("n,c,hw,k,r,stride,padding", [
     (1, 320, 32, 320, 3, 1, 1), (4, 64, 64, 64, 3, 1, 1), (1, 640, 16, 640, 1, 1, 0),
-    (2, 128, 33, 256, 3, 2, 1), (1, 8, 7, 16, 3, 1, 0)])
+    (2, 128, 33, 256, 3, 2, 1), (1, 8, 7, 16, 3, 1, 0), (3, 64, 13, 72, 3, 1, 1),
+    (2, 192, 20, 64, 3, 2, 1), (1, 128, 9, 136, 1, 2, 0)])
 def test_conv2d_matches_torch(n, c, hw, k, r, stride, padding, dtype, algorithm):
+    if algorithm == "implicit" and c % 64:
+        pytest.skip("the implicit GEMM takes channels in multiples of 64 (auto: im2col)")
     gen = torch.Generator(device="cuda").manual_seed(c + k)
     x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype, generator=gen).to(
         memory_format=torch.channels_last)
     w = torch.randn(k, c, r, r, device="cuda", dtype=dtype, generator=gen) / (c * r * r) ** 0.5
     bias = torch.randn(k, device="cuda", dtype=dtype, generator=gen)
+    _poison_allocator()
     out = conv2d(x, w, bias, stride=stride, padding=padding, algorithm=algorithm)
     ref = F.conv2d(x.float(), w.float(), bias.float(), stride=stride, padding=padding)
     assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
     assert torch.isfinite(out).all()
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+
+
+def test_conv2d_auto_picks_implicit_where_it_runs_and_refuses_it_with_the_reason():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1, 32, 8, 8, device="cuda", generator=gen).to(
+        torch.bfloat16, memory_format=torch.channels_last)
+    w = torch.randn(16, 32, 3, 3, device="cuda", generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        conv2d(x, w, algorithm="implicit")
+    ref = F.conv2d(x.float(), w.float(), padding=1)
+    out = conv2d(x, w)  # auto: im2col here
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
 
 
 def _image(n, c, hw, dtype, seed, scale=1.0, shift=0.0):

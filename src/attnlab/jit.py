@@ -32,8 +32,10 @@ from attnlab.kernels.abi import (
 from attnlab.kernels.conv.abi import (
     DirectConvSpec,
     GroupNormSiluSpec,
+    ImplicitConvSpec,
     fake_direct_conv_args,
     fake_groupnorm_args,
+    fake_implicit_conv_args,
 )
 from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, fake_gemm_args, fake_reduce_args
 
@@ -98,11 +100,14 @@ _KERNEL_OF = {
     GroupNormSiluSpec: ("attnlab.kernels.conv.groupnorm", "GroupNormSilu",
                         fake_groupnorm_args),
     DirectConvSpec: ("attnlab.kernels.conv.direct", "DirectConv", fake_direct_conv_args),
+    ImplicitConvSpec: ("attnlab.kernels.conv.implicit", "ImplicitConvSm90",
+                       fake_implicit_conv_args),
 }
 
 
 def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec
-                 | GemmSpec | ReduceSpec | GroupNormSiluSpec | DirectConvSpec,
+                 | GemmSpec | ReduceSpec | GroupNormSiluSpec | DirectConvSpec
+                 | ImplicitConvSpec,
                  dump_dir: str | Path | None = None) -> Any:
     """The kernel of a forward, backward, preprocess, decoding, GEMM or conv-family spec,
     compiled."""

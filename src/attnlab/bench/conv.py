@@ -64,14 +64,15 @@ def conv_sets(point: ConvPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
 
 
 def conv_impls() -> dict[str, Callable]:
-    """``cudnn`` (``F.conv2d``), ``attnlab`` (``attnlab.conv.conv2d``: im2col + GEMM) and
-    ``direct`` (its FFMA baseline, the lab's first step)."""
+    """``cudnn`` (``F.conv2d``), ``attnlab`` (``attnlab.conv.conv2d``'s default: implicit GEMM
+    where it runs), and the lab's earlier steps: ``im2col`` (+ GEMM) and ``direct`` (FFMA)."""
     from attnlab.conv import conv2d
 
+    def step(algorithm: str) -> Callable:
+        return lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p, algorithm=algorithm)
+
     return {"cudnn": lambda x, w, b, s, p: torch.nn.functional.conv2d(x, w, b, s, p),
-            "attnlab": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p),
-            "direct": lambda x, w, b, s, p: conv2d(x, w, b, stride=s, padding=p,
-                                                   algorithm="direct")}
+            "attnlab": step("auto"), "im2col": step("im2col"), "direct": step("direct")}
 
 
 #: (channels, height = width) of the ResBlocks timed (the SD-UNet's levels).

@@ -36,16 +36,18 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
                                on_point=lambda p: progress.advance(task),
                                make_sets=conv_sets)
     table = Table(title=f"attnlab bench --family conv on {info.name}: TFLOP/s end to end "
-                        "(device only); attnlab (im2col + GEMM) and the direct FFMA step; "
+                        "(device only); attnlab (implicit GEMM) and the lab's earlier steps "
+                        "(direct FFMA, im2col + GEMM); "
                         "ratio to cuDNN (F.conv2d, channels-last) in the same run",
                   title_justify="left")
-    for column in ("shape", "dtype", "cudnn", "direct", "attnlab", "ratio", "device ratio"):
+    for column in ("shape", "dtype", "cudnn", "direct", "im2col", "attnlab", "ratio",
+                   "device ratio"):
         table.add_column(column, justify="left" if column == "shape" else "right")
     for point in points:
         mine = {r.impl: r for r in results if r.point == point}
         ours, peer = mine["attnlab"], mine["cudnn"]
         cells = [f"{r.tflops:.1f} ({r.device_tflops:.1f})" if r.tflops else
-                 (r.error or "-")[:40] for r in (peer, mine["direct"], ours)]
+                 (r.error or "-")[:40] for r in (peer, mine["direct"], mine["im2col"], ours)]
         ok = ours.tflops and peer.tflops
         table.add_row(point.label(), point.dtype, *cells,
                       f"{ours.tflops / peer.tflops:.2f}x" if ok else "-",

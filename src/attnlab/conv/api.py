@@ -10,12 +10,18 @@ X nine times at 3 x 3) and against implicit GEMM (which never writes the matrix)
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 
 from attnlab import device, kernel_cache
 from attnlab.gemm import matmul
-from attnlab.gemm.api import refuse_autograd
-from attnlab.kernels.conv.abi import DirectConvSpec
+from attnlab.gemm.api import refuse_autograd, tile_counters
+from attnlab.gemm.dispatch import plan
+from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec
+from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
+from attnlab.runtime import remember
 
 _DTYPES = (torch.float16, torch.bfloat16)
 #: Channels (of the input and of the output) must be a multiple of this: the GEMM's rows
@@ -79,44 +85,166 @@ def check_conv_inputs(x: object, w: object, bias: object, stride: tuple[int, int
                          f"leaves no output of a {h} x {width} input")
 
 
-#: The lab's steps ``conv2d`` can run (``algorithm``).
-ALGORITHMS = ("im2col", "direct")
+#: The lab's steps ``conv2d`` can run (``algorithm``); ``"auto"``: implicit GEMM where it
+#: can run, else im2col + GEMM.
+ALGORITHMS = ("auto", "implicit", "im2col", "direct")
+#: The implicit GEMM's K step: input channels must be a multiple of it.
+IMPLICIT_BLOCK_K = 64
+#: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
+#: of a 5-D image must lie in [-16, 15].
+IMPLICIT_CORNER = 16
+
+
+def implicit_refusal(x: torch.Tensor, w: torch.Tensor, padding: tuple[int, int]) -> str | None:
+    """Why the implicit GEMM cannot run this convolution (None: it can). ``x`` and ``w`` have
+    passed ``check_conv_inputs``."""
+    if x.device.type != "cuda":
+        return f"the implicit GEMM runs on a CUDA device, x is on {x.device}"
+    arch = device.info(x.device).arch
+    if arch != "sm_90a":
+        return f"the implicit GEMM runs on sm_90 (H100/H200), this GPU is {arch}"
+    if x.shape[1] % IMPLICIT_BLOCK_K:
+        return (f"the implicit GEMM needs input channels a multiple of {IMPLICIT_BLOCK_K}, "
+                f"got {x.shape[1]}")
+    for pad, size in zip(padding, w.shape[2:], strict=True):
+        if pad >= IMPLICIT_CORNER or size - 1 - pad > IMPLICIT_CORNER:
+            return (f"the TMA unit's im2col window takes paddings below {IMPLICIT_CORNER} and "
+                    f"filters reaching at most {IMPLICIT_CORNER} past them; got padding "
+                    f"{padding} with a {tuple(w.shape[2:])} filter")
+    if x.data_ptr() % GEMM_ALIGN_BYTES:
+        return f"x's data must start on a {GEMM_ALIGN_BYTES}-byte boundary"
+    return None
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 1, *,
-           algorithm: str = "im2col") -> torch.Tensor:
+           algorithm: str = "auto") -> torch.Tensor:
     """2-D convolution of a channels-last ``x [N, C, H, W]`` with ``w [K, C, R, S]`` (as
     ``torch.nn.functional.conv2d``, no dilation or groups), fp32 accumulation.
-    ``algorithm``: ``"im2col"`` (the matrix times the filters on ``attnlab.gemm``) or
-    ``"direct"`` (the lab's FFMA baseline, ``kernels/conv/direct.py``).
+
+    ``algorithm``: ``"implicit"`` (implicit GEMM: the sm_90a HGEMM with A's tiles gathered from
+    the image by the TMA unit and the bias added in its epilogue, ``kernels/conv/implicit.py``),
+    ``"im2col"`` (the expanded matrix times the filters on ``attnlab.gemm``), ``"direct"`` (the
+    lab's FFMA baseline, ``kernels/conv/direct.py``), or ``"auto"`` (implicit where
+    ``implicit_refusal`` allows, else im2col). Filters already channels-last
+    (``w.to(memory_format=torch.channels_last)``) are used in place; others are permuted once
+    per call. A call signature (shapes, strides, dtypes, device, options) is validated and
+    planned once; later calls only launch.
 
     Returns:
         ``[N, K, P, Q]`` in x's dtype, channels-last.
 
     Raises:
-        TypeError, ValueError: as ``check_conv_inputs`` says; RuntimeError: an input that
+        TypeError, ValueError: as ``check_conv_inputs`` says, or ``"implicit"`` asked for
+            where ``implicit_refusal`` says it cannot run; RuntimeError: an input that
             requires grad (no backward pass).
     """
     refuse_autograd(x, w, bias)
+    try:
+        key = (algorithm, stride, padding, x.shape, x.stride(), x.dtype, x.device, w.shape,
+               w.stride(), w.dtype, None if bias is None else (bias.shape, bias.dtype))
+        call = _calls.get(key)
+    except (AttributeError, TypeError):
+        key, call = None, None
+    if call is None:
+        call = _plan(x, w, bias, stride, padding, algorithm)
+        if key is not None:
+            remember(_calls, key, call)
+    return call(x, w, bias)
+
+
+_calls: dict[tuple, Callable] = {}
+
+
+def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+          stride: int | tuple[int, int], padding: int | tuple[int, int], algorithm: str
+          ) -> Callable:
+    """Validate a call signature and return what runs it: ``call(x, w, bias)``."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     stride_hw, padding_hw = _pair(stride, "stride"), _pair(padding, "padding")
     check_conv_inputs(x, w, bias, stride_hw, padding_hw)
+    if algorithm in ("auto", "implicit"):
+        refusal = implicit_refusal(x, w, padding_hw)
+        if refusal is None:
+            return _ImplicitConv(x, w, bias is not None, stride_hw, padding_hw)
+        if algorithm == "implicit":
+            raise ValueError(refusal)
+        algorithm = "im2col"
     n, _, h, width = x.shape
     k, c, r, s = w.shape
-    p, q = output_size(h, r, stride_hw[0], padding_hw[0]), output_size(width, s, stride_hw[1],
-                                                                       padding_hw[1])
-    # Filters as K rows of (filter row, filter column, channel): the NHWC window's order.
-    filters = w.permute(0, 2, 3, 1).contiguous()
+    out_shape = (n, output_size(h, r, stride_hw[0], padding_hw[0]),
+                 output_size(width, s, stride_hw[1], padding_hw[1]), k)
     if algorithm == "direct":
-        out = torch.empty((n, p, q, k), dtype=x.dtype, device=x.device)
-        spec = DirectConvSpec(device.info(x.device).arch, str(x.dtype).removeprefix("torch."))
-        kernel_cache.get(spec).fn(x.permute(0, 2, 3, 1), filters, out, *stride_hw,
-                                  *padding_hw)
-    else:
+        direct = kernel_cache.get(DirectConvSpec(device.info(x.device).arch,
+                                                 str(x.dtype).removeprefix("torch."))).fn
+
+        def run_direct(x, w, bias):
+            out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+            direct(x.permute(0, 2, 3, 1), _filters(w), out, *stride_hw, *padding_hw)
+            return _with_bias(out, bias)
+
+        return run_direct
+
+    def run_im2col(x, w, bias):
         cols = im2col(x.permute(0, 2, 3, 1), (r, s), stride_hw, padding_hw)
-        out = matmul(cols, filters.view(k, r * s * c).t()).view(n, p, q, k)
+        out = matmul(cols, _filters(w).view(k, r * s * c).t()).view(out_shape)
+        return _with_bias(out, bias)
+
+    return run_im2col
+
+
+def _filters(w: torch.Tensor) -> torch.Tensor:
+    """The filters as ``[K, R, S, C]`` rows (filter row, filter column, channel: the NHWC
+    window's order), contiguous."""
+    return w.permute(0, 2, 3, 1).contiguous()
+
+
+def _with_bias(out_nhwc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if bias is not None:
-        out += bias.to(out.dtype)
-    return out.permute(0, 3, 1, 2)
+        out_nhwc += bias.to(out_nhwc.dtype)
+    return out_nhwc.permute(0, 3, 1, 2)
+
+
+class _ImplicitConv:
+    """One call signature's implicit-GEMM convolution: its plan (the GEMM dispatch's tile and
+    split count, a split summed by the serial form) and kernel, built once."""
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, has_bias: bool,
+                 stride: tuple[int, int], padding: tuple[int, int]):
+        info = device.info(x.device)
+        n, c, h, width = x.shape
+        k, _, r, s = w.shape
+        self.out_shape = (n, output_size(h, r, stride[0], padding[0]),
+                          output_size(width, s, stride[1], padding[1]), k)
+        self.pixels = n * self.out_shape[1] * self.out_shape[2]
+        self.dtype = x.dtype
+        dtype = str(x.dtype).removeprefix("torch.")
+        self.plan = plan(self.pixels, k, r * s * c, info.multiprocessors, in_dtype=dtype,
+                         out_dtype=dtype)
+        cfg = self.plan.config
+        self.split = "none" if self.plan.splits == 1 else "serial"
+        spec = ImplicitConvSpec(binary_config(cfg), info.arch, dtype, r, s, *stride, *padding,
+                                self.split, has_bias)
+        self.counters = (math.ceil(self.pixels / cfg.block_m) * math.ceil(k / cfg.block_n)
+                         * cfg.num_consumers)
+        self.kernel = kernel_cache.get(spec).fn
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+        if x.data_ptr() % GEMM_ALIGN_BYTES:
+            raise ValueError(f"x's data must start on a {GEMM_ALIGN_BYTES}-byte boundary (a "
+                             f"view at an odd offset is not); clone it")
+        k = w.shape[0]
+        filters = _filters(w).view(k, -1)
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=x.device)
+        c = out.view(self.pixels, k)
+        workspace = counters = None
+        if self.split == "serial":
+            workspace = torch.empty((self.plan.splits, self.pixels, k), dtype=torch.float32,
+                                    device=x.device)
+            counters = tile_counters(x.device, self.counters)
+        self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,
+                    None, None, None if bias is None else bias.to(self.dtype),
+                    self.plan.splits, self.plan.num_ctas)
+        return out.permute(0, 3, 1, 2)

@@ -24,8 +24,8 @@ _IN_DTYPES = (torch.float16, torch.bfloat16)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _calls: dict[tuple, _GemmCall] = {}
-#: The INT8 epilogue's arguments of a 16-bit GEMM: none.
-NO_DEQUANT = (None, None, None, None)
+#: The epilogue's arguments of a plain GEMM: no INT8 scales, zero points or row sums, no bias.
+NO_EPILOGUE = (None, None, None, None, None)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
@@ -187,20 +187,20 @@ class _GemmCall:
         shape = (self.m, self.n)
         if p.split == "none":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
-            self.gemm(a, b, c, None, None, *NO_DEQUANT, 1, p.num_ctas)
+            self.gemm(a, b, c, None, None, *NO_EPILOGUE, 1, p.num_ctas)
             return c
         if p.split == "serial":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
             partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), *NO_DEQUANT,
+            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), *NO_EPILOGUE,
                       p.splits, p.num_ctas)
             return c
         if p.split == "workspace":
             partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, None, None, *NO_DEQUANT, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, *NO_EPILOGUE, p.splits, p.num_ctas)
         else:
             partials = torch.zeros(shape, dtype=torch.float32, device=a.device)
-            self.gemm(a, b, partials, None, None, *NO_DEQUANT, p.splits, p.num_ctas)
+            self.gemm(a, b, partials, None, None, *NO_EPILOGUE, p.splits, p.num_ctas)
             if self.reduce is None:
                 return partials
             partials = partials[None]

@@ -55,7 +55,7 @@ def _element_type(dtype: str):
     import cutlass
 
     return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-            "float32": cutlass.Float32, "int8": cutlass.Int8}[dtype]
+            "float32": cutlass.Float32, "int8": cutlass.Int8, "int32": cutlass.Int32}[dtype]
 
 
 def canonical_strides(head_dim: int, heads: int = CANONICAL_HEADS) -> Strides:
@@ -411,12 +411,13 @@ def spec_from_dict(data: dict[str, Any]
                    ) -> ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec:
     """The spec a ``to_dict`` wrote: forward, backward, the backward's preprocess, decoding or
     its combine."""
-    from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec
+    from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec, ImplicitConvSpec
     from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
     kinds = {"backward": BackwardSpec, "preprocess": PreprocessSpec, "decode": DecodeSpec,
              "decode_combine": CombineSpec, "gemm": GemmSpec, "gemm_reduce": ReduceSpec,
-             "groupnorm_silu": GroupNormSiluSpec, "conv_direct": DirectConvSpec}
+             "groupnorm_silu": GroupNormSiluSpec, "conv_direct": DirectConvSpec,
+             "conv_implicit": ImplicitConvSpec}
     return kinds.get(data.get("kind"), ForwardSpec).from_dict(data)
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from attnlab.config import ConfigError
+from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
+from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, fake_gemm_args
 
 
 @dataclass(frozen=True)
@@ -96,3 +99,74 @@ def fake_direct_conv_args(spec: DirectConvSpec) -> DirectConvArgs:
 
     one = cutlass.Int32(1)
     return DirectConvArgs(nhwc(), nhwc(), nhwc(), one, one, one, one)
+
+
+@dataclass(frozen=True)
+class ImplicitConvSpec(FlatSpec):
+    """The implicit-GEMM convolution on sm_90a (``kernels/conv/implicit.py``): the HGEMM of a
+    ``GemmConfig`` whose A tiles the TMA unit gathers from the image in its im2col mode.
+
+    Attributes:
+        config: the GEMM's tile and ring (no split-K).
+        arch, dtype: the target and the operands' (and output's) dtype.
+        filter_r, filter_s: the filter's rows and columns.
+        stride_h, stride_w, pad_h, pad_w: the convolution's strides and zero paddings.
+        split: ``"none"``, or ``"serial"`` split-K (partials in a workspace, the last slice
+            of a tile sums them: ``GemmSpec``).
+        bias: the epilogue adds a per-output-channel bias.
+    """
+
+    KIND: ClassVar[str] = "conv_implicit"
+
+    config: GemmConfig
+    arch: str
+    dtype: str
+    filter_r: int = 3
+    filter_s: int = 3
+    stride_h: int = 1
+    stride_w: int = 1
+    pad_h: int = 1
+    pad_w: int = 1
+    split: str = "none"
+    bias: bool = False
+
+    def __post_init__(self):
+        if self.split not in ("none", "serial"):
+            raise ConfigError(f"the implicit convolution splits K in one kernel: split "
+                              f"\"none\" or \"serial\", got {self.split!r}")
+
+    def variant(self) -> str:
+        return (f"_r{self.filter_r}s{self.filter_s}_u{self.stride_h}v{self.stride_w}"
+                f"_p{self.pad_h}q{self.pad_w}{self.gemm.variant().removeprefix('_kk')}")
+
+    @property
+    def label(self) -> str:
+        return f"conv_implicit({self.config.label()})"
+
+    @property
+    def gemm(self) -> GemmSpec:
+        """The GEMM this convolution is: A ``[N P Q, R S C]`` row-major (gathered), B the
+        filters ``[K, R S C]`` as a transposed weight, C ``[N P Q, K]`` (the NHWC output)."""
+        return GemmSpec(self.config, self.arch, self.dtype, self.dtype, "k", "k", self.split,
+                        bias=self.bias)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ImplicitConvSpec:
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        return cls(**{**fields, "config": GemmConfig(**fields["config"])})
+
+
+def fake_implicit_conv_args(spec: ImplicitConvSpec):
+    """Compile-time stand-ins: ``GemmArgs`` whose A is the NHWC image ``[N, H, W, C]``
+    (channels contiguous, the other strides multiples of 16 bytes)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    div = GEMM_ALIGN_BYTES * 8 // _element_type(spec.dtype).width
+    gemm = fake_gemm_args(spec.gemm)
+    image = make_fake_tensor(
+        _element_type(spec.dtype), (cute.sym_int(), cute.sym_int(), cute.sym_int(),
+                                    cute.sym_int()),
+        stride=(cute.sym_int64(divisibility=div), cute.sym_int32(divisibility=div),
+                cute.sym_int32(divisibility=div), 1), assumed_align=GEMM_ALIGN_BYTES)
+    return gemm._replace(a=image)

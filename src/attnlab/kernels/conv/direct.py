@@ -49,11 +49,12 @@ class DirectConv:
             acc = cutlass.Float32(0.0)
             for r in cutlass.range(w.shape[1], unroll=1):
                 h = p * stride_h - pad_h + r
-                # Unsigned compares: a negative row or column wraps past the image's size.
-                if cutlass.Uint32(h) < cutlass.Uint32(x.shape[1]):
+                # Rows and columns of the padding contribute zeros: skipped. (Signed
+                # compares: the DSL's Int32 -> Uint32 cast does not wrap a negative index.)
+                if h >= 0 and h < x.shape[1]:
                     for s in cutlass.range(w.shape[2], unroll=1):
                         col = q * stride_w - pad_w + s
-                        if cutlass.Uint32(col) < cutlass.Uint32(x.shape[2]):
+                        if col >= 0 and col < x.shape[2]:
                             for c in cutlass.range(x.shape[3], unroll=4):
                                 acc += (cutlass.Float32(x[n, h, col, c])
                                         * cutlass.Float32(w[k, r, s, c]))

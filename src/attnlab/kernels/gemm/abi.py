@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from attnlab.config import ConfigError
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
 
@@ -55,6 +56,8 @@ class GemmSpec(FlatSpec):
         split: ``"none"``, ``"serial"`` (with a workspace and tile counters),
             ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is reduce-added to).
         dequant: INT8's epilogue (``DEQUANTS``); ``"none"`` for 16-bit operands.
+        bias: the epilogue adds ``bias[j]`` to column ``j`` (in fp32, before C's rounding;
+            the sm_90a kernel without split-K or with the serial split).
     """
 
     KIND: ClassVar[str] = "gemm"
@@ -67,11 +70,18 @@ class GemmSpec(FlatSpec):
     b_major: str = "n"
     split: str = "none"
     dequant: str = "none"
+    bias: bool = False
+
+    def __post_init__(self):
+        if self.bias and self.split in ("workspace", "atomic"):
+            raise ConfigError(f"a bias is added by the epilogue of the slice that finishes a "
+                              f"tile: split \"none\" or \"serial\", not {self.split!r}")
 
     def variant(self) -> str:
         split = "" if self.split == "none" else f"_{self.split}"
         dequant = "" if self.dequant == "none" else f"_{self.dequant}"
-        return f"_{self.a_major}{self.b_major}{split}{dequant}"
+        bias = "_bias" if self.bias else ""
+        return f"_{self.a_major}{self.b_major}{split}{dequant}{bias}"
 
     @property
     def label(self) -> str:
@@ -103,6 +113,7 @@ class GemmArgs(NamedTuple):
             (else None).
         zero_b: fp32 ``[N]``, B's per-column zero points; rowsum_a: int32 ``[M]``, the row
             sums of A (``dequant="scale_zero"``, else None).
+        bias: ``[N]`` in A's dtype (``bias=True``, else None).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """
@@ -116,6 +127,7 @@ class GemmArgs(NamedTuple):
     scale_b: Any
     zero_b: Any
     rowsum_a: Any
+    bias: Any
     num_splits: Any
     num_ctas: Any
 
@@ -172,9 +184,9 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
     serial = spec.split == "serial"
 
     def vector(dtype, used: bool):
-        element = cutlass.Int32 if dtype == "int32" else cutlass.Float32
-        return (make_fake_tensor(element, (cute.sym_int(),), stride=(1,), assumed_align=4)
-                if used else None)
+        element = _element_type(dtype)
+        return (make_fake_tensor(element, (cute.sym_int(),), stride=(1,),
+                                 assumed_align=element.width // 8) if used else None)
 
     scaled, zeroed = spec.dequant != "none", spec.dequant == "scale_zero"
     return GemmArgs(
@@ -183,7 +195,7 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
         _fake_matrix(spec.out_dtype, 1, batched=spec.split == "workspace"),
         _fake_matrix("float32", 1, batched=True) if serial else None,
         vector("int32", serial), vector("float32", scaled), vector("float32", scaled),
-        vector("float32", zeroed), vector("int32", zeroed),
+        vector("float32", zeroed), vector("int32", zeroed), vector(spec.dtype, spec.bias),
         cutlass.Int32(1), cutlass.Int32(1))
 
 

@@ -61,6 +61,8 @@ class HgemmSm90(GemmKernel):
         self.num_consumers = self.cfg.num_consumers
         self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype)
         self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
+        # How A's TMA coordinates are tiled: (rows, K step) of an [M, K] matrix.
+        self.a_tiler = (self.cfg.block_m, self.cfg.block_k)
         # s8 x s8 MMAs accumulate exactly in int32; 16-bit ones in fp32.
         self.acc_dtype = cutlass.Int32 if spec.dtype == "int8" else cutlass.Float32
 
@@ -91,8 +93,8 @@ class HgemmSm90(GemmKernel):
         sB_layout = sm90_utils.make_smem_layout_b(b_enum, self.tile, self.dtype, self.stages)
         sC_layout = sm90_utils.make_smem_layout_epi(self.out_dtype, LayoutEnum.ROW_MAJOR,
                                                     (WGMMA_M, bn), self.num_consumers)
+        tma_a, m_rows, k_tiles = self._a_operand(a, self._stage(sA_layout))
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a = tuple(cpasync.make_tiled_tma_atom(load, a, self._stage(sA_layout), (bm, bk)))
         tma_b = tuple(cpasync.make_tiled_tma_atom(load, mB, self._stage(sB_layout), (bn, bk)))
         store = (cpasync.CopyReduceBulkTensorTileS2GOp() if self.spec.split == "atomic"
                  else cpasync.CopyBulkTensorTileS2GOp())
@@ -104,15 +106,23 @@ class HgemmSm90(GemmKernel):
             "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages],
             # Serial split-K: each warpgroup's count at its tile's counter, for all its threads.
             "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]})
-        m_tiles = cute.ceil_div(a.shape[0], bm)
+        m_tiles = cute.ceil_div(m_rows, bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
-        k_tiles = cute.ceil_div(a.shape[1], bk)
-        dequant = (t.scale_a, t.scale_b, t.zero_b, t.rowsum_a)
-        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, dequant, mma, mma_wg,
+        epilogue = (t.scale_a, t.scale_b, t.zero_b, t.rowsum_a, t.bias)
+        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, mma, mma_wg,
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
                     t.num_splits).launch(
             grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
+
+    def _a_operand(self, a: cute.Tensor, a_stage) -> tuple:
+        """A's TMA atom and coordinates (tiled by ``a_tiler``), the rows of C and the K
+        tiles: here A is the ``[M, K]`` matrix itself (the implicit-GEMM convolution reads
+        it from an image instead)."""
+        _, _, bk = self.tile
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma = tuple(cpasync.make_tiled_tma_atom(load, a, a_stage, self.a_tiler))
+        return tma, a.shape[0], cute.ceil_div(a.shape[1], bk)
 
     @staticmethod
     def _stage(staged_layout):
@@ -124,7 +134,7 @@ class HgemmSm90(GemmKernel):
     # ----------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, workspace: cute.Tensor | None,
-               counters: cute.Tensor | None, dequant: tuple, mma: cute.TiledMma,
+               counters: cute.Tensor | None, epilogue: tuple, mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
@@ -155,7 +165,7 @@ class HgemmSm90(GemmKernel):
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             arrivals = storage.arrivals.get_tensor(cute.make_layout(self.num_consumers))
             self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
-                          (workspace, counters, arrivals), dequant)
+                          (workspace, counters, arrivals), epilogue)
 
     def _items(self, walk: tuple):
         """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
@@ -176,7 +186,7 @@ class HgemmSm90(GemmKernel):
         bm, bn, bk = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
-        a_smem, a_gmem = self._tma_tiles(tma_a, sA, (bm, bk))
+        a_smem, a_gmem = self._tma_tiles(tma_a, sA, self.a_tiler)
         b_smem, b_gmem = self._tma_tiles(tma_b, sB, (bn, bk))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for item in cutlass.range(first, items, stride, unroll=1):
@@ -203,10 +213,10 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
                  sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
-                 serial: tuple, dequant: tuple):
+                 serial: tuple, epilogue: tuple):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
         (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
-        ``dequant``: INT8's scales, zero points and A's row sums)."""
+        ``epilogue``: INT8's scales, zero points and A's row sums, and the bias)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -235,17 +245,15 @@ class HgemmSm90(GemmKernel):
             warpgroup.wait_group(0)
             ring.consumer_release(release)
             release.advance()
+            coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
             if cutlass.const_expr(self.spec.split == "serial"):
-                coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
                 if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
                                   walk):
-                    self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
-            elif cutlass.const_expr(self.spec.dequant != "none"):
-                coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
-                self._epilogue(self._dequantize(acc, coords, dequant, m, n), sC, tma_c, mma_wg,
-                               ctidx % WARPGROUP, wg, m, n, split)
+                    self._epilogue(self._finish(acc, coords, epilogue, m, n), sC, tma_c,
+                                   mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
             else:
-                self._epilogue(acc, sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, split)
+                self._epilogue(self._finish(acc, coords, epilogue, m, n), sC, tma_c, mma_wg,
+                               ctidx % WARPGROUP, wg, m, n, split)
         if ctidx % WARPGROUP < 32:
             # Shared memory must outlive the last store's reads of it.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -263,6 +271,36 @@ class HgemmSm90(GemmKernel):
         return state
 
     @cute.jit
+    def _finish(self, acc: cute.Tensor, coords: cute.Tensor, epilogue: tuple, m, n
+                ) -> cute.Tensor:
+        """A tile's sums as C takes them: dequantized (INT8), with the bias added."""
+        out = acc
+        if cutlass.const_expr(self.spec.dequant != "none"):
+            out = self._dequantize(acc, coords, epilogue, m, n)
+        if cutlass.const_expr(self.spec.bias):
+            out = self._add_bias(out, coords, epilogue[4], n)
+        return out
+
+    @cute.jit
+    def _add_bias(self, acc: cute.Tensor, coords: cute.Tensor, bias: cute.Tensor, n
+                  ) -> cute.Tensor:
+        """``acc[i, j] + bias[j]`` in fp32: each of the thread's ``block_n / 4`` columns'
+        bias loaded once (``acc_mn_view``), none past N."""
+        first_col = n * self.cfg.block_n
+        cols_left = bias.shape[0] - first_col
+        out = cute.make_fragment_like(acc, cutlass.Float32)
+        out.store(acc.load().to(cutlass.Float32))
+        out_mn, coords_mn = acc_mn_view(out), acc_mn_view(coords)
+        for c in cutlass.range_constexpr(cute.size(out_mn, mode=[1])):
+            col = coords_mn[0, c][1]
+            value = cutlass.Float32(0.0)
+            if col < cols_left:
+                value = cutlass.Float32(bias[first_col + col])
+            for r in cutlass.range_constexpr(cute.size(out_mn, mode=[0])):
+                out_mn[r, c] = out_mn[r, c] + value
+        return out
+
+    @cute.jit
     def _dequantize(self, acc: cute.Tensor, coords: cute.Tensor, dequant: tuple, m, n
                     ) -> cute.Tensor:
         """INT8's epilogue math: ``scale_a[i] * scale_b[j] * (acc - zero_b[j] * rowsum_a[i])``
@@ -270,7 +308,7 @@ class HgemmSm90(GemmKernel):
         spans two rows and ``block_n / 4`` columns, so each row's and each column's factors
         are loaded once (``acc_mn_view``); rows and columns past M and N read none (their
         values are clipped by the store)."""
-        scale_a, scale_b, zero_b, rowsum_a = dequant
+        scale_a, scale_b, zero_b, rowsum_a, _ = dequant
         bm, bn, _ = self.tile
         first_row, first_col = m * bm, n * bn
         rows_left = scale_a.shape[0] - first_row
