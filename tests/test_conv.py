@@ -100,9 +100,14 @@ def _kernel_ops(spec):
 def test_conv_family_kernels_cross_compile(arch):
     from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec
 
-    ops = _kernel_ops(GroupNormSiluSpec(arch, "bfloat16"))
-    # The three passes' loads, one store, warp-shuffle sums, no local memory.
-    assert ops["LDG"] >= 3 and ops["STG"] == 1 and ops["SHFL"] > 0, ops
+    ops = _kernel_ops(GroupNormSiluSpec(arch, "bfloat16", 10, "stats"))
+    # Two passes over a chunk, a group row of ten channels unrolled (two pixels a trip):
+    # warp-shuffle sums, one store of the chunk's pair, no local memory.
+    assert ops["LDG"] >= 2 * 10 and ops["SHFL"] > 0 and ops["STG"] <= 2, ops
+    assert ops["STL"] == ops["LDL"] == 0, ops
+    ops = _kernel_ops(GroupNormSiluSpec(arch, "bfloat16", 10, "apply"))
+    # The merge's loads, then a loaded, normalised, activated and stored value per channel.
+    assert ops["LDG"] >= 10 and ops["STG"] >= 10 and ops["MUFU"] >= 10, ops
     assert ops["STL"] == ops["LDL"] == 0, ops
     ops = _kernel_ops(DirectConvSpec(arch, "float16"))
     # The FFMA baseline: scalar loads of x and w per product, one store per output.
@@ -123,8 +128,21 @@ def test_group_norm_silu_input_rules():
         check_norm_inputs(x.contiguous(), 32, weight, bias)
     with pytest.raises(ValueError, match="weight"):
         check_norm_inputs(x, 32, torch.ones(32), bias)
+    wide = torch.randn(1, 128, 2, 2, dtype=torch.float16).to(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="at most 64 channels"):
+        check_norm_inputs(wide, 1, torch.ones(128), torch.zeros(128))
     with pytest.raises(TypeError, match="float32"):
         check_norm_inputs(x.float(), 32, weight, bias)
+
+
+def test_group_chunks_fill_the_gpu_without_starving_a_cta():
+    from attnlab.conv.norm import group_chunk_pixels
+
+    # One SD-UNet image of 32 groups at 64^2 on 132 SMs: 17 chunks of 241 pixels.
+    assert group_chunk_pixels(32, 4096, 132) == 241
+    # At 16^2 a chunk keeps one pixel per thread: two chunks of 128.
+    assert group_chunk_pixels(32, 256, 132) == 128
+    assert group_chunk_pixels(128, 4096, 132) == 820
 
 
 def test_bench_points_count_the_convolutions_flops():

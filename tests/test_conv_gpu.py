@@ -61,7 +61,8 @@ def _image(n, c, hw, dtype, seed, scale=1.0, shift=0.0):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("n,c,hw,groups,shift", [(1, 320, 64, 32, 0.0), (4, 640, 16, 32, 0.0),
-                                                 (2, 64, 33, 32, 3.0), (1, 128, 8, 1, 0.0)])
+                                                 (2, 64, 33, 32, 3.0), (1, 128, 8, 4, 0.0),
+                                                 (3, 96, 40, 3, -2.0)])
 def test_group_norm_silu_matches_torch(n, c, hw, groups, shift, dtype):
     from attnlab.conv import group_norm_silu
 

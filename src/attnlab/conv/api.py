@@ -19,6 +19,7 @@ from attnlab import device, kernel_cache
 from attnlab.gemm import matmul
 from attnlab.gemm.api import refuse_autograd, tile_counters
 from attnlab.gemm.dispatch import plan
+from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
 from attnlab.runtime import remember
@@ -90,6 +91,10 @@ def check_conv_inputs(x: object, w: object, bias: object, stride: tuple[int, int
 ALGORITHMS = ("auto", "implicit", "im2col", "direct")
 #: The implicit GEMM's K step: input channels must be a multiple of it.
 IMPLICIT_BLOCK_K = 64
+#: The implicit GEMM's tiles, largest first: the GEMM's and 160 columns wide, which cut the
+#: SD-UNet's 320 and 640 output channels into whole tiles (measured: 1.2-1.5x the 128 x 128
+#: and 128 x 256 tiles at 4 x 320 x 64^2 and 4 x 640 x 32^2, docs/conv.md).
+CONV_TILES = ((128, 256), (128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
 #: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
 #: of a 5-D image must lie in [-16, 15].
 IMPLICIT_CORNER = 16
@@ -118,7 +123,7 @@ def implicit_refusal(x: torch.Tensor, w: torch.Tensor, padding: tuple[int, int])
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 1, *,
-           algorithm: str = "auto") -> torch.Tensor:
+           algorithm: str = "auto", config: GemmConfig | None = None) -> torch.Tensor:
     """2-D convolution of a channels-last ``x [N, C, H, W]`` with ``w [K, C, R, S]`` (as
     ``torch.nn.functional.conv2d``, no dilation or groups), fp32 accumulation.
 
@@ -128,8 +133,10 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     lab's FFMA baseline, ``kernels/conv/direct.py``), or ``"auto"`` (implicit where
     ``implicit_refusal`` allows, else im2col). Filters already channels-last
     (``w.to(memory_format=torch.channels_last)``) are used in place; others are permuted once
-    per call. A call signature (shapes, strides, dtypes, device, options) is validated and
-    planned once; later calls only launch.
+    per call. ``config``: the implicit GEMM's tile, ring and split count (``split_k`` 0 or
+    1 ...; slices meet in the one-kernel serial form); default: ``attnlab.gemm.dispatch``'s
+    choice for the ``N P Q x K x R S C`` GEMM. A call signature (shapes, strides, dtypes,
+    device, options) is validated and planned once; later calls only launch.
 
     Returns:
         ``[N, K, P, Q]`` in x's dtype, channels-last.
@@ -141,13 +148,14 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     """
     refuse_autograd(x, w, bias)
     try:
-        key = (algorithm, stride, padding, x.shape, x.stride(), x.dtype, x.device, w.shape,
+        key = (algorithm, config, stride, padding, x.shape, x.stride(), x.dtype, x.device,
+               w.shape,
                w.stride(), w.dtype, None if bias is None else (bias.shape, bias.dtype))
         call = _calls.get(key)
     except (AttributeError, TypeError):
         key, call = None, None
     if call is None:
-        call = _plan(x, w, bias, stride, padding, algorithm)
+        call = _plan(x, w, bias, stride, padding, algorithm, config)
         if key is not None:
             remember(_calls, key, call)
     return call(x, w, bias)
@@ -157,17 +165,20 @@ _calls: dict[tuple, Callable] = {}
 
 
 def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-          stride: int | tuple[int, int], padding: int | tuple[int, int], algorithm: str
-          ) -> Callable:
+          stride: int | tuple[int, int], padding: int | tuple[int, int], algorithm: str,
+          config: GemmConfig | None) -> Callable:
     """Validate a call signature and return what runs it: ``call(x, w, bias)``."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be an attnlab.gemm.GemmConfig, got "
+                        f"{type(config).__name__}")
     stride_hw, padding_hw = _pair(stride, "stride"), _pair(padding, "padding")
     check_conv_inputs(x, w, bias, stride_hw, padding_hw)
     if algorithm in ("auto", "implicit"):
         refusal = implicit_refusal(x, w, padding_hw)
         if refusal is None:
-            return _ImplicitConv(x, w, bias is not None, stride_hw, padding_hw)
+            return _ImplicitConv(x, w, bias is not None, stride_hw, padding_hw, config)
         if algorithm == "implicit":
             raise ValueError(refusal)
         algorithm = "im2col"
@@ -211,7 +222,8 @@ class _ImplicitConv:
     split count, a split summed by the serial form) and kernel, built once."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, has_bias: bool,
-                 stride: tuple[int, int], padding: tuple[int, int]):
+                 stride: tuple[int, int], padding: tuple[int, int],
+                 config: GemmConfig | None = None):
         info = device.info(x.device)
         n, c, h, width = x.shape
         k, _, r, s = w.shape
@@ -220,8 +232,8 @@ class _ImplicitConv:
         self.pixels = n * self.out_shape[1] * self.out_shape[2]
         self.dtype = x.dtype
         dtype = str(x.dtype).removeprefix("torch.")
-        self.plan = plan(self.pixels, k, r * s * c, info.multiprocessors, in_dtype=dtype,
-                         out_dtype=dtype)
+        self.plan = plan(self.pixels, k, r * s * c, info.multiprocessors, config,
+                         in_dtype=dtype, out_dtype=dtype, tiles=CONV_TILES)
         cfg = self.plan.config
         self.split = "none" if self.plan.splits == 1 else "serial"
         spec = ImplicitConvSpec(binary_config(cfg), info.arch, dtype, r, s, *stride, *padding,

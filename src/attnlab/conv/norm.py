@@ -3,12 +3,14 @@ GroupNorm + SiLU -> conv 3 x 3 -> GroupNorm + SiLU -> conv 3 x 3 -> residual add
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnlab import device, kernel_cache
 from attnlab.conv.api import conv2d
 from attnlab.gemm.api import refuse_autograd
-from attnlab.kernels.conv.abi import GroupNormSiluSpec
+from attnlab.kernels.conv.abi import GROUPNORM_THREADS, MAX_GROUP_WIDTH, GroupNormSiluSpec
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -24,6 +26,9 @@ def check_norm_inputs(x: object, groups: int, weight: object, bias: object) -> N
     channels = x.shape[1]
     if not isinstance(groups, int) or groups < 1 or channels % groups:
         raise ValueError(f"groups must divide the {channels} channels, got {groups!r}")
+    if channels // groups > MAX_GROUP_WIDTH:
+        raise ValueError(f"groups of at most {MAX_GROUP_WIDTH} channels are supported, got "
+                         f"{channels} channels in {groups} groups")
     for name, v in (("weight", weight), ("bias", bias)):
         if not isinstance(v, torch.Tensor) or v.shape != (channels,):
             raise ValueError(f"{name} must be a tensor of shape ({channels},)")
@@ -40,11 +45,29 @@ def group_norm_silu(x: torch.Tensor, groups: int, weight: torch.Tensor, bias: to
     """
     refuse_autograd(x, weight, bias)
     check_norm_inputs(x, groups, weight, bias)
+    n, channels, h, w = x.shape
+    info = device.info(x.device)
+    dtype = str(x.dtype).removeprefix("torch.")
+    stats, apply = (kernel_cache.get(GroupNormSiluSpec(info.arch, dtype, channels // groups,
+                                                       stage)).fn
+                    for stage in ("stats", "apply"))
+    chunk_pixels = group_chunk_pixels(n * groups, h * w, info.multiprocessors)
+    partials = torch.empty((n * groups, math.ceil(h * w / chunk_pixels), 2),
+                           dtype=torch.float32, device=x.device)
     y = torch.empty_like(x, memory_format=torch.channels_last)
-    spec = GroupNormSiluSpec(device.info(x.device).arch, str(x.dtype).removeprefix("torch."))
-    kernel_cache.get(spec).fn(image_rows(x), image_rows(y), weight.float().contiguous(),
-                              bias.float().contiguous(), groups, float(eps))
+    args = (image_rows(x), image_rows(y), weight.float().contiguous(),
+            bias.float().contiguous(), partials, chunk_pixels, float(eps))
+    stats(*args)
+    apply(*args)
     return y
+
+
+def group_chunk_pixels(image_groups: int, pixels: int, multiprocessors: int) -> int:
+    """Pixels per chunk of a group: enough chunks for about four CTAs per SM, none with
+    fewer pixels than a CTA has threads."""
+    chunks = max(1, min(math.ceil(4 * multiprocessors / image_groups),
+                        math.ceil(pixels / GROUPNORM_THREADS)))
+    return math.ceil(pixels / chunks)
 
 
 def image_rows(t: torch.Tensor) -> torch.Tensor:

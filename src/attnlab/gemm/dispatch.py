@@ -92,9 +92,10 @@ def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
 
 def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
                block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-               out_dtype: str = "bfloat16") -> list[tuple[GemmConfig, int]]:
+               out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES
+               ) -> list[tuple[GemmConfig, int]]:
     """``(config, splits)`` pairs the model weighs: the caller's config with every split
-    count, or every tile of ``TILES`` with K step ``block_k`` that is ``deep_enough`` for its
+    count, or every tile of ``tiles`` with K step ``block_k`` that is ``deep_enough`` for its
     dtypes (module docstring); one slice only without ``allow_split``."""
     k_tiles = math.ceil(k / (config.block_k if config else block_k))
     counts = [s for s in SPLIT_CANDIDATES
@@ -102,7 +103,7 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
     if config is not None:
         return [(config, s) for s in counts]
     pairs = []
-    for block_m, block_n in TILES:
+    for block_m, block_n in tiles:
         cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k)
         if not deep_enough(cfg, in_dtype, out_dtype):
             continue
@@ -115,17 +116,18 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
 
 def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None = None,
          *, block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-         out_dtype: str = "bfloat16") -> Plan:
+         out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES) -> Plan:
     """The plan of an ``m x n x k`` GEMM on a GPU of ``multiprocessors`` SMs. ``config``:
     the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile with K
     step ``block_k`` for ``in_dtype`` operands and an ``out_dtype`` C; ``allow_split=False``:
-    one slice (INT8, whose int32 sums the split-K paths do not carry)."""
+    one slice (INT8, whose int32 sums the split-K paths do not carry). ``tiles``: the
+    (block_m, block_n) tiles weighed, largest first."""
     if config is not None and (config.split_k or not allow_split):
         cfg, splits = config, config.split_k if allow_split else 1
     else:
         pairs = candidates(m, n, k, multiprocessors, config, block_k, allow_split, in_dtype,
-                           out_dtype)
-        order = {tile: i for i, tile in enumerate(TILES)}
+                           out_dtype, tiles)
+        order = {tile: i for i, tile in enumerate(tiles)}
 
         def rank(pair: tuple[GemmConfig, int]) -> tuple:
             cfg, s = pair

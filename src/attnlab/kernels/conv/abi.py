@@ -11,15 +11,37 @@ from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, fake_gemm_args
 
+#: Widest channel group the GroupNorm kernels take (a thread's group row is unrolled).
+MAX_GROUP_WIDTH = 64
+#: Threads of a GroupNorm CTA (a chunk holds at least one pixel per thread).
+GROUPNORM_THREADS = 128
+#: The GroupNorm kernels' two stages: per-chunk statistics, then the merged statistics
+#: applied with SiLU.
+GROUPNORM_STAGES = ("stats", "apply")
+
 
 @dataclass(frozen=True)
 class GroupNormSiluSpec(FlatSpec):
-    """GroupNorm followed by SiLU in one kernel (``kernels/conv/groupnorm.py``)."""
+    """One stage of GroupNorm + SiLU (``kernels/conv/groupnorm.py``): ``group_width`` channels
+    per group (compile time: a pixel's group row is unrolled), ``stage`` one of
+    ``GROUPNORM_STAGES``."""
 
     KIND: ClassVar[str] = "groupnorm_silu"
 
     arch: str
     dtype: str
+    group_width: int = 10
+    stage: str = "apply"
+
+    def __post_init__(self):
+        if not 1 <= self.group_width <= MAX_GROUP_WIDTH:
+            raise ConfigError(f"group_width must be in [1, {MAX_GROUP_WIDTH}], got "
+                              f"{self.group_width}")
+        if self.stage not in GROUPNORM_STAGES:
+            raise ConfigError(f"stage must be one of {GROUPNORM_STAGES}, got {self.stage!r}")
+
+    def variant(self) -> str:
+        return f"_w{self.group_width}_{self.stage}"
 
     @property
     def label(self) -> str:
@@ -28,13 +50,16 @@ class GroupNormSiluSpec(FlatSpec):
 
 class GroupNormSiluArgs(NamedTuple):
     """``x`` and ``y``: ``[N, H W, C]`` (a channels-last image's view); ``weight``, ``bias``:
-    fp32 ``[C]``; ``groups``: channel groups (C a multiple of it); ``eps``."""
+    fp32 ``[C]``; ``partials``: fp32 ``[N groups, chunks, 2]``, each pixel chunk's mean and
+    sum of squared deviations (written by ``stats``, read by ``apply``); ``chunk_pixels``:
+    pixels per chunk (the grid is ``N groups x chunks``); ``eps``."""
 
     x: Any
     y: Any
     weight: Any
     bias: Any
-    groups: Any
+    partials: Any
+    chunk_pixels: Any
     eps: Any
 
 
@@ -54,8 +79,10 @@ def fake_groupnorm_args(spec: GroupNormSiluSpec) -> GroupNormSiluArgs:
         return make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
                                 assumed_align=4)
 
-    return GroupNormSiluArgs(image(), image(), vector(), vector(), cutlass.Int32(32),
-                             cutlass.Float32(1e-5))
+    partials = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), 2),
+                                stride=(cute.sym_int32(), 2, 1), assumed_align=8)
+    return GroupNormSiluArgs(image(), image(), vector(), vector(), partials,
+                             cutlass.Int32(1), cutlass.Float32(1e-5))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""Implicit-GEMM convolution plans against cuDNN at the SD-UNet shapes with C >= 320, in one
+run: which tile and split count the conv dispatch should pick
+(``python3 scripts/conv_candidates.py --out DIR``). The candidates' kernels are compiled in
+parallel first; tables print per point (the five best, ratios to cuDNN end to end and device
+only), all results go to ``DIR/conv_candidates.json``."""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from attnlab import device, kernel_cache
+from attnlab.bench.conv import ConvPoint, conv_impls, conv_sets
+from attnlab.bench.gemm import measure_gemm
+from attnlab.conv import conv2d
+from attnlab.gemm import GemmConfig
+from attnlab.kernels.conv.abi import ImplicitConvSpec
+from attnlab.kernels.gemm.abi import binary_config
+
+SHAPES = [(n, c, hw) for n in (1, 4) for c, hw in ((320, 64), (640, 32), (640, 16), (512, 16))]
+TILES = ((128, 128), (128, 160), (128, 256), (64, 128), (64, 160), (64, 256))
+SPLITS = (1, 2, 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    info = device.info(torch.device("cuda"))
+    configs = {f"{bm}x{bn} s{s}": GemmConfig(block_m=bm, block_n=bn, split_k=s,
+                                             split_mode="serial")
+               for bm, bn in TILES for s in SPLITS}
+    specs = {ImplicitConvSpec(binary_config(cfg), info.arch, "bfloat16",
+                              split="none" if cfg.split_k == 1 else "serial", bias=True)
+             for cfg in configs.values()}
+    kernel_cache.warm(sorted(specs, key=str), jobs=min(12, os.cpu_count() or 1))
+    impls = {name: impl for name, impl in conv_impls().items() if name in ("cudnn", "attnlab")}
+    for name, cfg in configs.items():
+        impls[name] = (lambda x, w, b, s, p, cfg=cfg: conv2d(x, w, b, stride=s, padding=p,
+                                                              algorithm="implicit",
+                                                              config=cfg))
+    points = [ConvPoint(n, c, hw, c) for n, c, hw in SHAPES]
+    results = measure_gemm(points, impls, info.l2_bytes, runs=20, make_sets=conv_sets)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "conv_candidates.json").write_text(
+        json.dumps({"device": info.name, "results": [r.to_dict() for r in results]}, indent=1))
+    for point in points:
+        mine = [r for r in results if r.point == point and r.tflops]
+        peer = next(r for r in mine if r.impl == "cudnn")
+        best = sorted(mine, key=lambda r: -r.tflops)[:5]
+        print(point.label(), f"cudnn {peer.tflops:.0f} ({peer.device_tflops:.0f})", " | ".join(
+            f"{r.impl} {r.tflops / peer.tflops:.2f}x ({r.device_tflops / peer.device_tflops:.2f})"
+            for r in best), "| auto", next((f"{r.tflops / peer.tflops:.2f}x" for r in mine
+                                           if r.impl == "attnlab"), "-"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
