@@ -20,6 +20,7 @@
 #   gemmtune attnlab tune --family gemm at the skinny shapes, then the bench there again (the
 #            tuned configs in use)
 #   conv     the convolution family's GPU tests, then attnlab bench --family conv (SD-UNet shapes)
+#            and attnlab ladder --family conv
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
 #   explain  attnlab profile (ncu) and roofline
@@ -89,6 +90,7 @@ case $mode in
     python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_conv_gpu.py 2>&1 | tee -a "$log" \
       | tail -8
     attnlab bench --family conv --dtypes bf16 --out "$OUT/conv"
+    attnlab ladder --family conv --out "$OUT/conv"
     ;;
   study)
     python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \

@@ -146,3 +146,16 @@ def test_sass_and_occupancy_take_gemm_configs():
     assert json.loads(result.output)[0]["ctas_per_sm"] == 1
     result = runner.invoke(app, ["sass", "gemm:128x256", "--arch", "sm_90a"])
     assert result.exit_code != 0 and "BMxBNxBK" in result.output
+
+
+def test_sass_takes_the_implicit_gemm_convolution_and_refuses_its_other_steps():
+    """``conv[:...]`` and the conv ladder's implicit steps compile the implicit-GEMM kernel
+    (issue 23): its A arrives by the TMA unit's im2col mode; the direct step has no config."""
+    result = runner.invoke(app, ["sass", "conv:128x160x64", "--vs", "c03", "--arch", "sm_90a",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    for kernel in json.loads(result.output)["kernels"]:
+        opcodes = set(kernel["sass"]["opcodes"])
+        assert "UTMALDG" in opcodes and any(op.startswith("HGMMA") for op in opcodes), opcodes
+    result = runner.invoke(app, ["sass", "c01", "--arch", "sm_90a"])
+    assert result.exit_code != 0 and "implicit-GEMM" in result.output

@@ -208,3 +208,19 @@ def test_implicit_conv_spec_round_trips_and_refuses_a_second_pass():
     # The GEMM's bias is the epilogue's: refused with split-K's second pass.
     with pytest.raises(ConfigError, match="bias"):
         GemmSpec(GemmConfig(), "sm_90a", "float16", "float32", split="atomic", bias=True)
+
+
+def test_conv_ladder_steps_each_change_one_thing_from_their_base():
+    from attnlab.conv.api import ALGORITHMS
+    from attnlab.conv.ladder import CONV_BASES, CONV_STEPS
+
+    assert list(CONV_STEPS) == sorted(CONV_STEPS)
+    for name, base in CONV_BASES.items():
+        assert name in CONV_STEPS and base in CONV_STEPS and base < name
+    for options, what in CONV_STEPS.values():
+        assert options["algorithm"] in ALGORITHMS and what
+    implicit = [opts["config"] for opts, _ in CONV_STEPS.values()
+                if opts["algorithm"] == "implicit"]
+    # The implicit steps differ in their tile only.
+    assert len({(c.block_m, c.block_n) for c in implicit}) == len(implicit)
+    assert len({c.replace(block_m=64, block_n=64) for c in implicit}) == 1

@@ -106,3 +106,19 @@ def test_resblock_matches_torch():
     ref = ref_chain(x.float())
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert torch.isfinite(out).all() and err < 2e-2, err
+
+
+@pytest.mark.parametrize("step", ["c01", "c02", "c03", "c04", "c05"])
+def test_every_conv_ladder_step_matches_torch(step):
+    from attnlab.conv.ladder import step_conv
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(2, 128, 12, 12, device="cuda", generator=gen).to(
+        torch.bfloat16, memory_format=torch.channels_last)
+    w = (torch.randn(160, 128, 3, 3, device="cuda", generator=gen) / 34).to(torch.bfloat16)
+    bias = torch.randn(160, device="cuda", generator=gen).to(torch.bfloat16)
+    _poison_allocator()
+    out = step_conv(step)(x, w, bias, 1, 1)
+    ref = F.conv2d(x.float(), w.float(), bias.float(), padding=1)
+    assert torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3

@@ -33,8 +33,10 @@ from attnlab.config import (
     ConfigError,
     FlashConfig,
 )
+from attnlab.conv.ladder import CONV_STEPS
 from attnlab.gemm.ladder import GEMM_STEPS
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
+from attnlab.kernels.conv.abi import ImplicitConvSpec
 from attnlab.kernels.gemm.abi import GemmSpec
 from attnlab.ladder import resolve
 
@@ -65,14 +67,23 @@ def _choice(value: str, choices: Sequence[str], hint: str) -> None:
 
 
 def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig | MmaGemmConfig]:
-    """A config and its label from a ladder name, a JSON file or a GEMM name
-    (``gemm[:BMxBNxBK]``, ``igemm[:...]``, a GEMM ladder step ``g01``..``g09``), or a clear
-    error."""
+    """A config and its label from a ladder name, a JSON file, a GEMM name
+    (``gemm[:BMxBNxBK]``, ``igemm[:...]``, a GEMM ladder step ``g01``..``g09``) or an
+    implicit-GEMM convolution (``conv[:BMxBNxBK]``: 3 x 3, stride 1, padding 1, with a bias;
+    a conv ladder step ``c03``..``c05``), or a clear error."""
     try:
         if spec.split(":")[0] in ("gemm", "igemm"):
             return spec, GemmConfig.from_name(spec)[0]
+        if spec.split(":")[0] == "conv":
+            return spec, GemmConfig.from_name("gemm" + spec.removeprefix("conv"))[0]
         if spec in GEMM_STEPS:
             return spec, GEMM_STEPS[spec][0]
+        if spec in CONV_STEPS:
+            options = CONV_STEPS[spec][0]
+            if "config" not in options:
+                raise ValueError(f"{spec} ({options['algorithm']}) is not an implicit-GEMM "
+                                 f"step: the explain tools take c03-c05 (its GEMM is gemm)")
+            return spec, options["config"]
         config = resolve(spec)
     except (KeyError, ConfigError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
@@ -107,7 +118,9 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from None
     with Console(stderr=True).status(f"compiling {label} for {arch} (CuTe DSL, ~2 s) ..."):
-        if isinstance(config, GemmConfig | MmaGemmConfig):
+        if label.startswith("conv") or label in CONV_STEPS:
+            built = compile_spec(ImplicitConvSpec(config, arch, dtype, bias=True), artifacts)
+        elif isinstance(config, GemmConfig | MmaGemmConfig):
             # INT8 writes a 16-bit C: the HGEMM's dtype option names it.
             in_dtype = "int8" if label.startswith("igemm") else dtype
             # The s8 wgmma and the mma.sync ladder read B K-major (a transposed weight).

@@ -116,7 +116,7 @@ def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
     import torch
 
     from attnlab import device
-    from attnlab.bench.gemm import GemmPoint, measure_gemm
+    from attnlab.bench.gemm import GemmPoint
     from attnlab.gemm.ladder import GEMM_BASES, ladder_matmul, steps_for
 
     require_gpu()
@@ -127,36 +127,76 @@ def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
     impls.update({name: (lambda a, b, cfg=cfg: ladder_matmul(a, b, cfg))
                   for name, (cfg, _) in steps.items()})
     points = [GemmPoint(m, n, k, dtype_name, "k") for m, n, k, _ in parse_shapes(shapes)]
-    out.mkdir(parents=True, exist_ok=True)
+    steps_table({name: (cfg.to_dict(), what) for name, (cfg, what) in steps.items()},
+                GEMM_BASES, impls, "cublas", points, runs, out / "gemm_ladder",
+                f"attnlab ladder --family gemm on {info.name}, {dtype_name}: % of cuBLAS end "
+                "to end (device only), x its base step")
+
+
+def ladder_conv(dtype: str, runs: int, out: Path) -> None:
+    """The lab's convolution steps at SD-UNet shapes, % of cuDNN in the same run, each step's
+    ratio to its base; table, ``conv_ladder.json`` and a plot."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.conv import ConvPoint, conv_sets
+    from attnlab.conv.ladder import CONV_BASES, CONV_STEPS, step_conv
+
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    (dtype_name,) = parse_dtypes(dtype)
+    impls = {"cudnn": lambda x, w, b, s, p: torch.nn.functional.conv2d(x, w, b, s, p)}
+    impls.update({name: step_conv(name) for name in CONV_STEPS})
+    points = [ConvPoint(n, c, hw, c, dtype=dtype_name)
+              for n, c, hw in ((1, 320, 64), (4, 320, 64), (4, 640, 32), (1, 128, 64))]
+    steps = {name: ({k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in opts.items()},
+                    what) for name, (opts, what) in CONV_STEPS.items()}
+    steps_table(steps, CONV_BASES, impls, "cudnn", points, runs, out / "conv_ladder",
+                f"attnlab ladder --family conv on {info.name}, {dtype_name}: % of cuDNN end "
+                "to end (device only), x its base step", make_sets=conv_sets)
+
+
+def steps_table(steps: dict[str, tuple[dict, str]], bases: dict[str, str], impls: dict,
+                peer: str, points: list, runs: int, stem: Path, title: str,
+                make_sets=None) -> None:
+    """Time ``impls`` (the steps and ``peer``) at ``points``; print each step's percent of the
+    peer and ratio to its base, write ``{stem}.json`` and ``{stem}.png``."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import gemm_sets, measure_gemm
+
+    info = device.info(torch.device("cuda"))
+    stem.parent.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
-        task = progress.add_task("gemm ladder", total=len(points))
+        task = progress.add_task(stem.name.replace("_", " "), total=len(points))
         results = measure_gemm(points, impls, info.l2_bytes, runs=runs,
-                               on_point=lambda p: progress.advance(task))
-    table = Table(title=f"attnlab ladder --family gemm on {info.name}, {dtype_name}: % of cuBLAS "
-                        "end to end (device only), x its base step", title_justify="left")
+                               on_point=lambda p: progress.advance(task),
+                               make_sets=make_sets or gemm_sets)
+    table = Table(title=title, title_justify="left")
     table.add_column("step")
     table.add_column("what it changes")
     for point in points:
         table.add_column(point.label(), justify="right")
     rows = []
-    for name, (cfg, what) in steps.items():
+    for name, (knobs, what) in steps.items():
         cells = []
         for point in points:
             mine = {r.impl: r for r in results if r.point == point}
-            r, peer, base = mine[name], mine["cublas"], mine.get(GEMM_BASES.get(name, ""))
-            if not r.tflops or not peer.tflops:
+            r, ref, base = mine[name], mine[peer], mine.get(bases.get(name, ""))
+            if not r.tflops or not ref.tflops:
                 cells.append((r.error or "-")[:30])
                 continue
             delta = f" x{r.tflops / base.tflops:.2f}" if base is not None and base.tflops else ""
-            cells.append(f"{100 * r.tflops / peer.tflops:.0f}% "
-                         f"({100 * r.device_tflops / peer.device_tflops:.0f}%){delta}")
+            cells.append(f"{100 * r.tflops / ref.tflops:.0f}% "
+                         f"({100 * r.device_tflops / ref.device_tflops:.0f}%){delta}")
         table.add_row(name, what, *cells)
-        rows.append({"step": name, "config": cfg.to_dict(), "what": what})
+        rows.append({"step": name, "config": knobs, "what": what})
     console.print(table)
-    path = out / "gemm_ladder.json"
+    path = stem.with_suffix(".json")
     path.write_text(json.dumps({"device": info.name, "steps": rows,
                                 "results": [r.to_dict() for r in results]}, indent=1))
-    console.print(f"wrote {path} and {plot_gemm(results, out / 'gemm_ladder.png')}")
+    console.print(f"wrote {path} and {plot_gemm(results, stem.with_suffix('.png'))}")
 
 
 def tune_gemm(cache, shapes: str, dtype: str, runs: int) -> None:
