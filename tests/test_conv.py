@@ -182,8 +182,8 @@ def test_implicit_conv_loads_its_a_tiles_with_the_tma_im2col_mode(split, bias):
     spec = ImplicitConvSpec(GemmConfig(block_m=128, block_n=128), "sm_90a", "bfloat16",
                             split=split, bias=bias)
     opcodes = [i.opcode for i in _instructions(spec)]
-    # A through the im2col mode of a 5-D image (one depth slice), B and C as 2-D tiles.
-    assert opcodes.count("UTMALDG.5D.IM2COL") == 1 and opcodes.count("UTMALDG.2D") == 1
+    # A through the im2col mode of the 4-D NHWC image, B and C as 2-D tiles.
+    assert opcodes.count("UTMALDG.4D.IM2COL") == 1 and opcodes.count("UTMALDG.2D") == 1
     assert any(op.startswith("HGMMA") for op in opcodes)
     assert not any(op.startswith(("STL", "LDL")) for op in opcodes)
     # The bias: per-column loads in the epilogue; none without it (serial split: the

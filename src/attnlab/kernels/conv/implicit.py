@@ -15,7 +15,9 @@ output is the NHWC image.
 
 K steps run channel blocks fastest, then filter columns, then rows: the order of the filters
 flattened as ``[K, R, S, C]``, so B's K tiles are the filter matrix's. Channels must be a
-multiple of ``block_k`` (a K step never straddles two filter offsets).
+multiple of ``block_k`` (a K step never straddles two filter offsets). (Filter offsets
+fastest, whose coordinates need no division by the runtime channel count, measured no faster:
+35.6 against 33.0 us at 1 x 640 x 16^2.)
 """
 
 import cutlass.cute as cute
@@ -35,23 +37,23 @@ class ImplicitConvSm90(HgemmSm90):
         self.a_tiler = (self.cfg.block_m, (self.cfg.block_k,))
 
     def _a_operand(self, x: cute.Tensor, a_stage) -> tuple:
-        """The im2col TMA atom over the NHWC image ``x`` (as the 3-D convolution's
-        ``((W, H, D, N), C)`` with one depth slice), the output pixels (C's rows) and the K
-        steps."""
+        """The im2col TMA atom over the NHWC image ``x`` as ``((W, H, N), C)`` (a 4-D
+        descriptor: the 3-D convolution's 5-D form with one depth slice compiles too), the
+        output pixels (C's rows) and the K steps."""
         cs = self.conv
         n, h, w, c = x.shape
         stride_n, stride_h, stride_w, _ = x.stride
         image = cute.make_tensor(x.iterator, cute.make_layout(
-            ((w, h, 1, n), c), stride=((stride_w, stride_h, stride_n, stride_n), 1)))
+            ((w, h, n), c), stride=((stride_w, stride_h, stride_n), 1)))
         p = (h + 2 * cs.pad_h - cs.filter_r) // cs.stride_h + 1
         q = (w + 2 * cs.pad_w - cs.filter_s) // cs.stride_w + 1
         tma = tuple(cpasync.make_im2col_tma_atom(
             cpasync.CopyBulkTensorIm2ColG2SOp(), image, a_stage, self.a_tiler,
-            lower_corner_whd=(-cs.pad_w, -cs.pad_h, 0),
-            upper_corner_whd=(cs.pad_w - (cs.filter_s - 1), cs.pad_h - (cs.filter_r - 1), 0),
-            lower_padding_whd=(cs.pad_w, cs.pad_h, 0),
-            upper_padding_whd=(cs.pad_w, cs.pad_h, 0),
-            stride_whd=(cs.stride_w, cs.stride_h, 1),
-            lower_srt=(0, 0, 0), stride_srt=(1, 1, 1)))
+            lower_corner_whd=(-cs.pad_w, -cs.pad_h),
+            upper_corner_whd=(cs.pad_w - (cs.filter_s - 1), cs.pad_h - (cs.filter_r - 1)),
+            lower_padding_whd=(cs.pad_w, cs.pad_h),
+            upper_padding_whd=(cs.pad_w, cs.pad_h),
+            stride_whd=(cs.stride_w, cs.stride_h),
+            lower_srt=(0, 0), stride_srt=(1, 1)))
         k_tiles = c // self.cfg.block_k * cs.filter_r * cs.filter_s
         return tma, n * p * q, k_tiles
