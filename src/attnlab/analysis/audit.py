@@ -6,9 +6,10 @@ The inventory is what the library ships, per architecture: the forward ladder's 
 (each step and lab variant at hd128), the forward kernels ``attention()`` runs by default
 (``policy.default_specs``), the backward kernels and their preprocess
 (``policy.default_backward_specs``), the decoding kernels, the GEMM kernels the dispatch
-builds (``gemm.dispatch.default_specs``: sm_90a) and the lab's HGEMM steps on ``mma.sync``
-(``gemm.ladder``). The convolution family joins when it exists. Every count is static
-(build time), as the seed's were.
+builds (``gemm.dispatch.default_specs``: sm_90a), the lab's HGEMM steps on ``mma.sync``
+(``gemm.ladder``) and the convolution family (``conv_specs``: the implicit-GEMM kernels of the
+conv dispatch's tiles on sm_90a, GroupNorm + SiLU's two stages at the SD-UNet's group widths,
+the direct FFMA convolution). Every count is static (build time), as the seed's were.
 """
 
 from __future__ import annotations
@@ -29,12 +30,37 @@ from attnlab.kernels.abi import (
     ForwardSpec,
     PreprocessSpec,
 )
+from attnlab.kernels.conv.abi import DirectConvSpec, GroupNormSiluSpec, ImplicitConvSpec
 from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec
 
-Spec = ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec | GemmSpec
+Spec = (ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec | CombineSpec | GemmSpec
+        | ImplicitConvSpec | GroupNormSiluSpec | DirectConvSpec)
+#: The SD-UNet's GroupNorm widths (channels per group at 32 groups: C = 64 ... 640).
+SD_GROUP_WIDTHS = (2, 4, 8, 10, 16, 20)
+
+
+def conv_specs(arch: str) -> list[Spec]:
+    """The convolution family's kernels on ``arch``: implicit GEMM (sm_90a) at every tile of
+    the conv dispatch (3 x 3, stride 1, padding 1, with a bias) and a 1 x 1 stride-2 one,
+    GroupNorm + SiLU's stages at the SD-UNet's group widths, and the direct convolution."""
+    from attnlab.conv.api import CONV_TILES
+    from attnlab.gemm_config import GemmConfig
+
+    specs: list[Spec] = []
+    if arch == "sm_90a":
+        specs += [ImplicitConvSpec(GemmConfig(block_m=bm, block_n=bn), arch, "bfloat16",
+                                   bias=True) for bm, bn in CONV_TILES]
+        specs.append(ImplicitConvSpec(GemmConfig(block_m=128, block_n=128), arch, "bfloat16",
+                                      1, 1, 2, 2, 0, 0))
+    specs += [GroupNormSiluSpec(arch, "bfloat16", width, stage)
+              for width in SD_GROUP_WIDTHS for stage in ("stats", "apply")]
+    specs.append(DirectConvSpec(arch, "bfloat16"))
+    return specs
 
 
 def _label(spec: Spec) -> str:
+    if isinstance(spec, ImplicitConvSpec | GroupNormSiluSpec | DirectConvSpec):
+        return f"{spec.label} {spec.dtype}{spec.variant()}"
     if isinstance(spec, GemmSpec | ReduceSpec):
         dtypes = (f"{spec.dtype}->{spec.out_dtype}" if isinstance(spec, GemmSpec)
                   else spec.out_dtype)
@@ -59,7 +85,8 @@ def inventory(arch: str) -> dict[str, dict[str, Spec]]:
         "gemm": {_label(s): s for s in gemm_specs(arch)},
         "gemm ladder": {name: GemmSpec(config, arch, "bfloat16", "bfloat16", "k", "k")
                         for name, (config, _) in GEMM_STEPS.items()
-                        if isinstance(config, MmaGemmConfig)}}
+                        if isinstance(config, MmaGemmConfig)},
+        "conv": {_label(s): s for s in conv_specs(arch)}}
     for spec in policy.default_backward_specs(arch):
         family = "backward preprocess" if isinstance(spec, PreprocessSpec) else "backward"
         families[family][_label(spec)] = spec

@@ -93,8 +93,9 @@ ALGORITHMS = ("auto", "implicit", "im2col", "direct")
 IMPLICIT_BLOCK_K = 64
 #: The implicit GEMM's tiles, largest first: the GEMM's and 160 columns wide, which cut the
 #: SD-UNet's 320 and 640 output channels into whole tiles (measured: 1.2-1.5x the 128 x 128
-#: and 128 x 256 tiles at 4 x 320 x 64^2 and 4 x 640 x 32^2, docs/conv.md).
-CONV_TILES = ((128, 256), (128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
+#: and 128 x 256 tiles at 4 x 320 x 64^2 and 4 x 640 x 32^2, docs/conv.md). Not 128 x 256:
+#: with the bias its epilogue spills (4 values; ``attnlab audit --family conv``).
+CONV_TILES = ((128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
 #: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
 #: of a 5-D image must lie in [-16, 15].
 IMPLICIT_CORNER = 16

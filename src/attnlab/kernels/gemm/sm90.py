@@ -278,18 +278,19 @@ class HgemmSm90(GemmKernel):
         if cutlass.const_expr(self.spec.dequant != "none"):
             out = self._dequantize(acc, coords, epilogue, m, n)
         if cutlass.const_expr(self.spec.bias):
+            # fp32 here: the HGEMM's accumulator, or INT8's dequantized tile.
             out = self._add_bias(out, coords, epilogue[4], n)
         return out
 
     @cute.jit
     def _add_bias(self, acc: cute.Tensor, coords: cute.Tensor, bias: cute.Tensor, n
                   ) -> cute.Tensor:
-        """``acc[i, j] + bias[j]`` in fp32: each of the thread's ``block_n / 4`` columns'
-        bias loaded once (``acc_mn_view``), none past N."""
+        """``acc[i, j] + bias[j]`` in fp32, in place (a copy of a 128 x 256 tile's
+        accumulator would spill): each of the thread's ``block_n / 4`` columns' bias loaded
+        once (``acc_mn_view``), none past N."""
         first_col = n * self.cfg.block_n
         cols_left = bias.shape[0] - first_col
-        out = cute.make_fragment_like(acc, cutlass.Float32)
-        out.store(acc.load().to(cutlass.Float32))
+        out = acc
         out_mn, coords_mn = acc_mn_view(out), acc_mn_view(coords)
         for c in cutlass.range_constexpr(cute.size(out_mn, mode=[1])):
             col = coords_mn[0, c][1]
