@@ -159,3 +159,10 @@ def test_sass_takes_the_implicit_gemm_convolution_and_refuses_its_other_steps():
         assert "UTMALDG" in opcodes and any(op.startswith("HGMMA") for op in opcodes), opcodes
     result = runner.invoke(app, ["sass", "c01", "--arch", "sm_90a"])
     assert result.exit_code != 0 and "implicit-GEMM" in result.output
+
+
+def test_roofline_families_check_their_options_before_asking_for_a_gpu():
+    result = runner.invoke(app, ["roofline", "--family", "sparse"])
+    assert result.exit_code != 0 and "attention, gemm, conv" in result.output
+    result = runner.invoke(app, ["roofline", "--family", "conv", "--shape", "4,320"])
+    assert result.exit_code != 0 and "three positive sizes" in result.output

@@ -77,7 +77,8 @@ OPCODES_SHOWN = ("HMMA.16816.F32.BF16", "HMMA.16816.F32", "LDSM.16.M88.4", "LDSM
 #: Kernel-name filters (ncu's ``regex:``) for each profiled implementation.
 #: Each runs in its own process, so a filter only has to skip that process's input kernels.
 KERNEL_FILTERS = {"attnlab": "regex:kernel_cutlass_kernel_attnlab", "sdpa_flash": "regex:flash",
-                  "sdpa_cudnn": "regex:cudnn|sdpa", "fa4": "regex:flash"}
+                  "sdpa_cudnn": "regex:cudnn|sdpa", "fa4": "regex:flash",
+                  "cublas": "regex:gemm|nvjet|xmma", "cudnn": "regex:fprop|conv|xmma"}
 
 
 class ProfilerUnavailable(RuntimeError):

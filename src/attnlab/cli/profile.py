@@ -39,6 +39,18 @@ def _profile_all(config: str, shape: tuple[int, ...], dtype: str, peers: list[st
         raise typer.Exit(code=3) from None
 
 
+def _profile_family(family: str, shape: str, dtype: str):
+    """ncu of attnlab's call and its peer's at one GEMM or convolution shape."""
+    from attnlab.analysis.ncu import ProfilerUnavailable, profile
+
+    target = ["--family", family, "--shape", shape, "--dtype", dtype]
+    try:
+        return [profile(impl, target) for impl in ("attnlab", FAMILY_ROOFLINES[family][1])]
+    except ProfilerUnavailable as exc:
+        console.print(f"[red]cannot read hardware counters here:[/red] {exc}")
+        raise typer.Exit(code=3) from None
+
+
 @app.command("profile")
 def profile_command(
     config: str = typer.Argument(
@@ -218,11 +230,20 @@ def _fmt(value) -> str:
 CONFIGS_ARGUMENT = typer.Argument(None, help="Ladder names / JSON files (default k07).")
 
 
+#: The lab families' roofline anchors: the default shape and the peer profiled beside attnlab.
+FAMILY_ROOFLINES = {"gemm": ("8192,8192,8192", "cublas"), "conv": ("4,320,64", "cudnn")}
+
+
 @app.command()
 def roofline(
     configs: list[str] = CONFIGS_ARGUMENT,
-    shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
+    shape: str | None = typer.Option(None, help="B,Sq,Sk,H,D (default 4,4096,4096,16,128); "
+                                     "with --family gemm M,N,K (8192^3), conv N,C,HW "
+                                     "(4,320,64: a 3 x 3 convolution)."),
     dtype: str = typer.Option("bf16"),
+    family: str = typer.Option("attention", help="attention (the configs and SDPA flash), "
+                               "gemm (attnlab.gemm.matmul and cuBLAS) or conv "
+                               "(attnlab.conv.conv2d and cuDNN): Observation BB per family."),
     out: Path = OUT_OPTION,
 ) -> None:
     """Roofline PNG: configs and the reference against measured DRAM/L2/matmul ceilings."""
@@ -234,23 +255,42 @@ def roofline(
     from attnlab.bench.ceilings import measure_ceilings
     from attnlab.bench.timing import attention_flops
 
-    dims = _shape(shape)
+    if family not in ("attention", *FAMILY_ROOFLINES):
+        raise typer.BadParameter(f"{family!r} is not one of attention, "
+                                 f"{', '.join(FAMILY_ROOFLINES)}", param_hint="--family")
     (dtype_name,) = parse_dtypes(dtype)
+    if family == "attention":
+        shape = shape or "4,4096,4096,16,128"
+        dims = _shape(shape)
+        flops = attention_flops(dims[0], dims[3], dims[1], dims[2], dims[4])
+    else:
+        shape = shape or FAMILY_ROOFLINES[family][0]
+        dims = tuple(int(x) for x in shape.split(","))
+        if len(dims) != 3 or min(dims) < 1:
+            raise typer.BadParameter(f"expected three positive sizes, got {shape!r}",
+                                     param_hint="--shape")
+        flops = (2.0 * dims[0] * dims[1] * dims[2] if family == "gemm"
+                 else 2.0 * dims[0] * dims[2] ** 2 * dims[1] ** 2 * 9)
     require_gpu()
-    batch, seqlen_q, seqlen_k, heads, head_dim = dims
-    flops = attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim)
     with console.status("measuring ceilings"):
         ceilings = measure_ceilings()
+    if family == "attention":
+        profiled = []
+        for i, config in enumerate(configs or ["k07"]):
+            with console.status(f"profiling {config}"):
+                profiled += [(config if p.impl == "attnlab" else p.impl, p) for p in
+                             _profile_all(config, dims, dtype_name,
+                                          ["sdpa_flash"] if i == 0 else [])]
+    else:
+        with console.status(f"profiling the {family} family"):
+            profiled = [(f"attnlab {family}" if p.impl == "attnlab" else p.impl, p)
+                        for p in _profile_family(family, shape, dtype_name)]
     points = []
-    for i, config in enumerate(configs or ["k07"]):
-        with console.status(f"profiling {config}"):
-            profiles = _profile_all(config, dims, dtype_name, ["sdpa_flash"] if i == 0 else [])
-        for p in profiles:
-            name = config if p.impl == "attnlab" else p.impl
-            m = p.metrics
-            points.append(RooflinePoint(name, flops, m["duration_ns"] * 1e-9,
-                                        m["dram_read_bytes"] + m["dram_write_bytes"],
-                                        m["l2_bytes"]))
+    for name, p in profiled:
+        m = p.metrics
+        points.append(RooflinePoint(name, flops, m["duration_ns"] * 1e-9,
+                                    m["dram_read_bytes"] + m["dram_write_bytes"],
+                                    m["l2_bytes"]))
     out.mkdir(parents=True, exist_ok=True)
     png = plot_roofline(points, ceilings.dram_bytes_per_s, ceilings.l2_bytes_per_s,
                         ceilings.matmul_flops_per_s, out / "roofline.png",
