@@ -13,7 +13,7 @@ import torch
 
 from attnlab import device, kernel_cache
 from attnlab.bench.conv import ConvPoint, conv_impls, conv_sets
-from attnlab.bench.gemm import measure_gemm
+from attnlab.bench.gemm import best_lines, measure_gemm
 from attnlab.conv import conv2d
 from attnlab.gemm import GemmConfig
 from attnlab.kernels.conv.abi import ImplicitConvSpec
@@ -46,14 +46,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conv_candidates.json").write_text(
         json.dumps({"device": info.name, "results": [r.to_dict() for r in results]}, indent=1))
-    for point in points:
-        mine = [r for r in results if r.point == point and r.tflops]
-        peer = next(r for r in mine if r.impl == "cudnn")
-        best = sorted(mine, key=lambda r: -r.tflops)[:5]
-        print(point.label(), f"cudnn {peer.tflops:.0f} ({peer.device_tflops:.0f})", " | ".join(
-            f"{r.impl} {r.tflops / peer.tflops:.2f}x ({r.device_tflops / peer.device_tflops:.2f})"
-            for r in best), "| auto", next((f"{r.tflops / peer.tflops:.2f}x" for r in mine
-                                           if r.impl == "attnlab"), "-"), flush=True)
+    print("\n".join(best_lines(results, points, "cudnn", also="attnlab")))
 
 
 if __name__ == "__main__":

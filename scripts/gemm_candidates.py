@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from attnlab import device
-from attnlab.bench.gemm import GemmPoint, gemm_impls, measure_gemm
+from attnlab.bench.gemm import GemmPoint, best_lines, gemm_impls, measure_gemm
 from attnlab.gemm import GemmConfig
 
 SHAPES = [(1024, 1024, 1024), (512, 512, 4096), (256, 256, 4096), (256, 256, 8192),
@@ -29,13 +29,7 @@ def main() -> None:
     rows = [r.to_dict() for r in results]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gemm_candidates.json").write_text(json.dumps(rows, indent=1))
-    for point in points:
-        mine = [r for r in results if r.point == point and r.tflops]
-        peer = next(r for r in mine if r.impl == "cublas")
-        best = sorted(mine, key=lambda r: -r.tflops)[:5]
-        print(point.label(), f"cublas {peer.tflops:.0f} ({peer.device_tflops:.0f})", " | ".join(
-            f"{r.impl} {r.tflops / peer.tflops:.2f}x ({r.device_tflops / peer.device_tflops:.2f})"
-            for r in best))
+    print("\n".join(best_lines(results, points, "cublas")))
 
 
 if __name__ == "__main__":

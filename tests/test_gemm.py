@@ -292,3 +292,21 @@ def test_gemm_bench_parses_its_options_before_needing_a_gpu():
     assert result.exit_code == 2 and "int8" in result.output
     result = CliRunner().invoke(app, ["bench", "--family", "gemm", "--shapes", "4096x4096"])
     assert result.exit_code == 2 and "MxNxK" in result.output
+
+
+def test_a_candidate_sweep_summary_ranks_end_to_end_against_the_peer():
+    from attnlab.bench.gemm import GemmPoint, GemmResult, best_lines
+    from attnlab.bench.timing import summarize
+
+    point = GemmPoint(256, 256, 4096)
+
+    def result(impl, ms, device_ms):
+        return GemmResult(point, impl, summarize([ms]), summarize([device_ms]))
+
+    results = [result("cublas", 0.02, 0.01), result("a", 0.01, 0.02),
+               result("b", 0.04, 0.005), GemmResult(point, "broken", None, error="boom")]
+    (line,) = best_lines(results, [point], "cublas", top=2, also="b")
+    # a is twice as fast end to end (half as fast on the device); b ranks third, shown last.
+    assert line.startswith("256x256x4096 cublas")
+    assert "a 2.00x (0.50) | cublas 1.00x (1.00) | b 0.50x" in line
+    assert "broken" not in line

@@ -173,3 +173,22 @@ def measure_gemm(points: list, impls: dict[str, Callable], l2_bytes: int, *,
         if on_point is not None:
             on_point(point)
     return results
+
+
+def best_lines(results: list[GemmResult], points: list, peer: str, top: int = 5,
+               also: str | None = None) -> list[str]:
+    """Per point, the ``top`` fastest implementations end to end as ratios to ``peer`` (device
+    only in brackets), and ``also``'s ratio wherever it ranked: a candidate sweep's summary."""
+    lines = []
+    for point in points:
+        mine = [r for r in results if r.point == point and r.tflops]
+        ref = next(r for r in mine if r.impl == peer)
+        best = sorted(mine, key=lambda r: -r.tflops)[:top]
+        line = f"{point.label()} {peer} {ref.tflops:.0f} ({ref.device_tflops:.0f}) " + " | ".join(
+            f"{r.impl} {r.tflops / ref.tflops:.2f}x ({r.device_tflops / ref.device_tflops:.2f})"
+            for r in best)
+        if also is not None:
+            line += " | " + also + " " + next((f"{r.tflops / ref.tflops:.2f}x" for r in mine
+                                               if r.impl == also), "-")
+        lines.append(line)
+    return lines
