@@ -100,3 +100,37 @@ def test_sweep_summary_finds_the_best_mode_overall_and_per_trace(tmp_path):
     assert math.isclose(summary["geomean"]["5x4"][0], 1.0) and summary["geomean"]["5x4"][1] == 0.5
     assert len(cymatic.SWEEP_MODES) == 54
     assert cymatic.plot_sweep(rows, 64, tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_a_resumed_sweep_measures_only_the_modes_its_file_lacks(monkeypatch, tmp_path):
+    """``--resume`` keeps OUT/cymatic.json's rows, measures the rest and saves after each
+    mode (the GPU part stubbed: a mode's 15 rows)."""
+    from typer.testing import CliRunner
+
+    import attnlab.cli.study as study
+    from attnlab.cli import app
+
+    measured = []
+
+    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None):
+        rows = []
+        for n, m in modes:
+            measured.append((n, m))
+            rows += [{"grid": grid, "mode": [n, m], "trace": f"t{i}", "accesses": 1,
+                      "row_ms": 1.0, "cymatic_ms": 1.0, "speedup": 1.0} for i in range(15)]
+            on_mode(rows)
+        return rows
+
+    monkeypatch.setattr(study, "require_gpu", lambda: None)
+    monkeypatch.setattr(cymatic, "measure", fake_measure)
+    monkeypatch.setattr(cymatic, "plot", lambda *a: tmp_path / "c.png")
+    args = ["study", "cymatic", "--grids", "64", "--modes", "6x4,5x4", "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert measured == [(6, 4), (5, 4)]
+    result = CliRunner().invoke(app, [*args[:5], "6x4,5x4,3x2", *args[6:], "--resume"])
+    assert result.exit_code == 0, result.output
+    assert measured == [(6, 4), (5, 4), (3, 2)]
+    import json
+
+    saved = json.loads((tmp_path / "cymatic.json").read_text())
+    assert len(saved) == 3 * 15

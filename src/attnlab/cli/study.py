@@ -36,6 +36,9 @@ def cymatic_command(
     modes: str = typer.Option("6x4,5x4", help="Membrane modes n x m (the seed's default 6x4, "
                               "its best universal 5x4)."),
     runs: int = typer.Option(11, min=3, help="Timed runs per trace and layout (median)."),
+    resume: bool = typer.Option(False, help="Keep the rows of OUT/cymatic.json and measure "
+                                "only the (grid, mode) pairs it lacks: a sweep saves after "
+                                "every mode, so it can be spread over several runs."),
     sweep: bool = typer.Option(False, help="Observation II's sweep instead of --modes: n in "
                                "2..10 x m in 1..6, with a heatmap of each mode's geometric "
                                "mean and the best mode per trace."),
@@ -49,11 +52,21 @@ def cymatic_command(
     mode_list = list(cymatic.SWEEP_MODES) if sweep else _modes(modes)
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    saved = out / "cymatic.json"
+    rows = json.loads(saved.read_text()) if resume and saved.exists() else []
+    done = {(r["grid"], tuple(r["mode"])) for r in rows}
     with progress_bar() as progress:
         task = progress.add_task("gather traces", total=len(grid_sizes) * len(mode_list) * 15)
         for grid in grid_sizes:
-            rows += cymatic.measure(grid, mode_list, runs, lambda: progress.advance(task))
+            todo = [mode for mode in mode_list if (grid, mode) not in done]
+            progress.advance(task, 15 * (len(mode_list) - len(todo)))
+            if not todo:
+                continue
+            earlier = list(rows)
+            rows = earlier + cymatic.measure(
+                grid, todo, runs, lambda: progress.advance(task),
+                lambda new, earlier=earlier: saved.write_text(json.dumps(earlier + new,
+                                                                         indent=1)))
     columns = list(dict.fromkeys((r["grid"], tuple(r["mode"])) for r in rows))
     table = Table(title="cymatic layout: row-major time / cymatic time per trace (above 1: "
                   "cymatic faster)", title_justify="left")
@@ -72,6 +85,6 @@ def cymatic_command(
         if sweep:
             heatmap = cymatic.plot_sweep(rows, grid, out / f"cymatic_sweep_{grid}.png")
             console.print(f"wrote {heatmap}")
-    (out / "cymatic.json").write_text(json.dumps(rows, indent=1))
+    saved.write_text(json.dumps(rows, indent=1))
     png = cymatic.plot(rows, 512, mode_list[0], out / "cymatic.png")
     console.print(f"wrote {out / 'cymatic.json'} and {png}")

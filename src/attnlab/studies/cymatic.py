@@ -161,10 +161,11 @@ def traces(grid: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def measure(grid: int, modes: list[tuple[int, int]], runs: int = 11,
-            on_trace=None) -> list[dict[str, object]]:
+            on_trace=None, on_mode=None) -> list[dict[str, object]]:
     """On the current GPU: every trace read through the row-major and each mode's cymatic
     address map by the gather kernel, round-robin, median device time; one row per (mode,
-    trace) with both times and the cymatic layout's speedup (row time / cymatic time)."""
+    trace) with both times and the cymatic layout's speedup (row time / cymatic time).
+    ``on_mode(rows)`` follows each mode with the rows so far (a sweep saves as it goes)."""
     import torch
 
     from attnlab import device
@@ -194,6 +195,8 @@ def measure(grid: int, modes: list[tuple[int, int]], runs: int = 11,
                          "row_ms": row_ms, "cymatic_ms": cym_ms, "speedup": row_ms / cym_ms})
             if on_trace is not None:
                 on_trace()
+        if on_mode is not None:
+            on_mode(rows)
     return rows
 
 
