@@ -19,9 +19,9 @@ def test_the_inventory_holds_every_family_attnlab_builds():
         assert list(families) == ["forward ladder", "forward defaults", "backward",
                                   "backward preprocess", "decode", "gemm", "gemm ladder",
                                   "conv"]
-        # The implicit GEMM (its five tiles and a 1 x 1 stride 2) only on sm_90a; GroupNorm's
-        # two stages at six widths and the direct convolution everywhere.
-        assert len(families["conv"]) == (6 if arch == "sm_90a" else 0) + 12 + 1
+        # The TMA implicit GEMM (its five tiles and a 1 x 1 stride 2) only on sm_90a; the
+        # mma.sync one, GroupNorm's two stages at six widths and the direct conv everywhere.
+        assert len(families["conv"]) == (6 if arch == "sm_90a" else 0) + 1 + 12 + 1
         # The lab's nine mma.sync steps (g01-g08 with g07x) on every arch; the sm_90a GEMM
         # kernels only there.
         assert len(families["gemm ladder"]) == 9

@@ -149,14 +149,20 @@ def test_sass_and_occupancy_take_gemm_configs():
 
 
 def test_sass_takes_the_implicit_gemm_convolution_and_refuses_its_other_steps():
-    """``conv[:...]`` and the conv ladder's implicit steps compile the implicit-GEMM kernel
-    (issue 23): its A arrives by the TMA unit's im2col mode; the direct step has no config."""
-    result = runner.invoke(app, ["sass", "conv:128x160x64", "--vs", "c03", "--arch", "sm_90a",
+    """``conv[:...]`` and the conv ladder's implicit steps compile the implicit-GEMM kernels
+    (issue 23): A by the TMA unit's im2col mode, or (c03) by cp.async gathers from coordinate
+    tables; the direct step has no config."""
+    result = runner.invoke(app, ["sass", "conv:128x160x64", "--vs", "c04", "--arch", "sm_90a",
                                  "--json"])
     assert result.exit_code == 0, result.output
     for kernel in json.loads(result.output)["kernels"]:
         opcodes = set(kernel["sass"]["opcodes"])
         assert "UTMALDG" in opcodes and any(op.startswith("HGMMA") for op in opcodes), opcodes
+    # c03, the coordinate tables on mma.sync: cp.async gathers feeding HMMAs, on sm_80 too.
+    result = runner.invoke(app, ["sass", "c03", "--arch", "sm_80", "--json"])
+    assert result.exit_code == 0, result.output
+    opcodes = set(json.loads(result.output)["kernels"][0]["sass"]["opcodes"])
+    assert {"LDGSTS", "HMMA", "LDSM"} <= opcodes and "UTMALDG" not in opcodes, opcodes
     result = runner.invoke(app, ["sass", "c01", "--arch", "sm_90a"])
     assert result.exit_code != 0 and "implicit-GEMM" in result.output
 

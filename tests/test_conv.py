@@ -213,6 +213,7 @@ def test_implicit_conv_spec_round_trips_and_refuses_a_second_pass():
 def test_conv_ladder_steps_each_change_one_thing_from_their_base():
     from attnlab.conv.api import ALGORITHMS
     from attnlab.conv.ladder import CONV_BASES, CONV_STEPS
+    from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 
     assert list(CONV_STEPS) == sorted(CONV_STEPS)
     for name, base in CONV_BASES.items():
@@ -221,6 +222,10 @@ def test_conv_ladder_steps_each_change_one_thing_from_their_base():
         assert options["algorithm"] in ALGORITHMS and what
     implicit = [opts["config"] for opts, _ in CONV_STEPS.values()
                 if opts["algorithm"] == "implicit"]
-    # The implicit steps differ in their tile only.
-    assert len({(c.block_m, c.block_n) for c in implicit}) == len(implicit)
-    assert len({c.replace(block_m=64, block_n=64) for c in implicit}) == 1
+    # The coordinate tables on mma.sync first, then the Hopper steps, which differ in their
+    # tile only.
+    assert isinstance(implicit[0], MmaGemmConfig)
+    hopper = implicit[1:]
+    assert all(isinstance(c, GemmConfig) for c in hopper)
+    assert len({(c.block_m, c.block_n) for c in hopper}) == len(hopper)
+    assert len({c.replace(block_m=64, block_n=64) for c in hopper}) == 1

@@ -108,17 +108,44 @@ def test_resblock_matches_torch():
     assert torch.isfinite(out).all() and err < 2e-2, err
 
 
-@pytest.mark.parametrize("step", ["c01", "c02", "c03", "c04", "c05"])
+@pytest.mark.parametrize("step", ["c01", "c02", "c03", "c04", "c05", "c06"])
 def test_every_conv_ladder_step_matches_torch(step):
     from attnlab.conv.ladder import step_conv
 
     gen = torch.Generator(device="cuda").manual_seed(11)
-    x = torch.randn(2, 128, 12, 12, device="cuda", generator=gen).to(
+    # Whole tiles of the mma.sync step (512 pixels, 192 output channels).
+    x = torch.randn(2, 128, 16, 16, device="cuda", generator=gen).to(
         torch.bfloat16, memory_format=torch.channels_last)
-    w = (torch.randn(160, 128, 3, 3, device="cuda", generator=gen) / 34).to(torch.bfloat16)
-    bias = torch.randn(160, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(192, 128, 3, 3, device="cuda", generator=gen) / 34).to(torch.bfloat16)
+    bias = torch.randn(192, device="cuda", generator=gen).to(torch.bfloat16)
     _poison_allocator()
     out = step_conv(step)(x, w, bias, 1, 1)
     ref = F.conv2d(x.float(), w.float(), bias.float(), padding=1)
     assert torch.isfinite(out).all()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("n,c,hw,k,r,stride,padding", [
+    (2, 64, 16, 64, 3, 2, 1), (1, 96, 32, 128, 3, 1, 1), (2, 32, 8, 64, 1, 1, 0)])
+def test_the_mma_sync_implicit_gemm_with_coordinate_tables_matches_torch(
+        n, c, hw, k, r, stride, padding, dtype):
+    """The lab's Insight 9 kernel: every window's rows gathered by cp.async (zeros in the
+    padding), stride 2, 1 x 1, both dtypes; and its whole-tile rule refused with the reason."""
+    from attnlab.gemm_config import MmaGemmConfig
+
+    config = MmaGemmConfig(block_n=64, warps_n=2, swizzle="xor")
+    gen = torch.Generator(device="cuda").manual_seed(c + k)
+    x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype, generator=gen).to(
+        memory_format=torch.channels_last)
+    w = torch.randn(k, c, r, r, device="cuda", dtype=dtype, generator=gen) / (c * r * r) ** 0.5
+    bias = torch.randn(k, device="cuda", dtype=dtype, generator=gen)
+    _poison_allocator()
+    out = conv2d(x, w, bias, stride=stride, padding=padding, algorithm="implicit",
+                 config=config)
+    ref = F.conv2d(x.float(), w.float(), bias.float(), stride=stride, padding=padding)
+    assert torch.isfinite(out).all()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+    with pytest.raises(ValueError, match="whole tiles"):
+        conv2d(x, w[:8], stride=stride, padding=padding, algorithm="implicit", config=config)

@@ -100,8 +100,6 @@ _KERNEL_OF = {
     GroupNormSiluSpec: ("attnlab.kernels.conv.groupnorm", "GroupNormSilu",
                         fake_groupnorm_args),
     DirectConvSpec: ("attnlab.kernels.conv.direct", "DirectConv", fake_direct_conv_args),
-    ImplicitConvSpec: ("attnlab.kernels.conv.implicit", "ImplicitConvSm90",
-                       fake_implicit_conv_args),
 }
 
 
@@ -111,15 +109,21 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | DecodeSpec 
                  dump_dir: str | Path | None = None) -> Any:
     """The kernel of a forward, backward, preprocess, decoding, GEMM or conv-family spec,
     compiled."""
-    if isinstance(spec, GemmSpec):
+    if isinstance(spec, GemmSpec | ImplicitConvSpec):
         from attnlab.gemm_config import MmaGemmConfig
 
-        if isinstance(spec.config, MmaGemmConfig):
-            from attnlab.kernels.gemm.sm80 import HgemmSm80 as gemm_kernel
+        mma_sync = isinstance(spec.config, MmaGemmConfig)
+        if isinstance(spec, ImplicitConvSpec):
+            from attnlab.kernels.conv import implicit
+
+            kernel = (implicit.ImplicitConvSm80 if mma_sync else implicit.ImplicitConvSm90)(spec)
+            args = fake_implicit_conv_args(spec)
         else:
-            from attnlab.kernels.gemm.sm90 import HgemmSm90 as gemm_kernel
-        return compile_kernel(gemm_kernel(spec), tuple(fake_gemm_args(spec)), arch=spec.arch,
-                              dump_dir=dump_dir)
+            from attnlab.kernels.gemm import sm80, sm90
+
+            kernel = (sm80.HgemmSm80 if mma_sync else sm90.HgemmSm90)(spec)
+            args = fake_gemm_args(spec)
+        return compile_kernel(kernel, tuple(args), arch=spec.arch, dump_dir=dump_dir)
     if isinstance(spec, BackwardSpec):
         return compile_backward(spec, dump_dir)
     if type(spec) in _KERNEL_OF:

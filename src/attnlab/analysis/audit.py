@@ -40,13 +40,15 @@ SD_GROUP_WIDTHS = (2, 4, 8, 10, 16, 20)
 
 
 def conv_specs(arch: str) -> list[Spec]:
-    """The convolution family's kernels on ``arch``: implicit GEMM (sm_90a) at every tile of
-    the conv dispatch (3 x 3, stride 1, padding 1, with a bias) and a 1 x 1 stride-2 one,
-    GroupNorm + SiLU's stages at the SD-UNet's group widths, and the direct convolution."""
+    """The convolution family's kernels on ``arch``: implicit GEMM on sm_90a at every tile of
+    the conv dispatch (3 x 3, stride 1, padding 1, with a bias) and a 1 x 1 stride-2 one, the
+    ``mma.sync`` implicit GEMM of the conv ladder (coordinate tables, every arch), GroupNorm +
+    SiLU's stages at the SD-UNet's group widths, and the direct convolution."""
     from attnlab.conv.api import CONV_TILES
+    from attnlab.conv.ladder import CONV_STEPS
     from attnlab.gemm_config import GemmConfig
 
-    specs: list[Spec] = []
+    specs: list[Spec] = [ImplicitConvSpec(CONV_STEPS["c03"][0]["config"], arch, "bfloat16")]
     if arch == "sm_90a":
         specs += [ImplicitConvSpec(GemmConfig(block_m=bm, block_n=bn), arch, "bfloat16",
                                    bias=True) for bm, bn in CONV_TILES]

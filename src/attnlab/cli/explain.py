@@ -70,7 +70,7 @@ def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig | MmaG
     """A config and its label from a ladder name, a JSON file, a GEMM name
     (``gemm[:BMxBNxBK]``, ``igemm[:...]``, a GEMM ladder step ``g01``..``g09``) or an
     implicit-GEMM convolution (``conv[:BMxBNxBK]``: 3 x 3, stride 1, padding 1, with a bias;
-    a conv ladder step ``c03``..``c05``), or a clear error."""
+    a conv ladder step ``c03``..``c06``), or a clear error."""
     try:
         if spec.split(":")[0] in ("gemm", "igemm"):
             return spec, GemmConfig.from_name(spec)[0]
@@ -82,7 +82,7 @@ def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig | MmaG
             options = CONV_STEPS[spec][0]
             if "config" not in options:
                 raise ValueError(f"{spec} ({options['algorithm']}) is not an implicit-GEMM "
-                                 f"step: the explain tools take c03-c05 (its GEMM is gemm)")
+                                 f"step: the explain tools take c03-c06 (its GEMM is gemm)")
             return spec, options["config"]
         config = resolve(spec)
     except (KeyError, ConfigError, TypeError, ValueError) as exc:
@@ -119,7 +119,10 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
         raise typer.BadParameter(str(exc), param_hint=hint) from None
     with Console(stderr=True).status(f"compiling {label} for {arch} (CuTe DSL, ~2 s) ..."):
         if label.startswith("conv") or label in CONV_STEPS:
-            built = compile_spec(ImplicitConvSpec(config, arch, dtype, bias=True), artifacts)
+            # The TMA kernel with its bias epilogue; the mma.sync one has none.
+            built = compile_spec(ImplicitConvSpec(config, arch, dtype,
+                                                  bias=isinstance(config, GemmConfig)),
+                                 artifacts)
         elif isinstance(config, GemmConfig | MmaGemmConfig):
             # INT8 writes a 16-bit C: the HGEMM's dtype option names it.
             in_dtype = "int8" if label.startswith("igemm") else dtype

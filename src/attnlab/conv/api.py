@@ -19,7 +19,7 @@ from attnlab import device, kernel_cache
 from attnlab.gemm import matmul
 from attnlab.gemm.api import refuse_autograd, tile_counters
 from attnlab.gemm.dispatch import plan
-from attnlab.gemm_config import GemmConfig
+from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
 from attnlab.runtime import remember
@@ -97,15 +97,31 @@ IMPLICIT_BLOCK_K = 64
 #: with the bias its epilogue spills (4 values; ``attnlab audit --family conv``).
 CONV_TILES = ((128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
 #: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
-#: of a 5-D image must lie in [-16, 15].
+#: must lie in [-16, 15] (the 5-D descriptor's range; the 4-D one we use allows more).
 IMPLICIT_CORNER = 16
 
 
-def implicit_refusal(x: torch.Tensor, w: torch.Tensor, padding: tuple[int, int]) -> str | None:
-    """Why the implicit GEMM cannot run this convolution (None: it can). ``x`` and ``w`` have
-    passed ``check_conv_inputs``."""
+def implicit_refusal(x: torch.Tensor, w: torch.Tensor, stride: tuple[int, int],
+                     padding: tuple[int, int], config: GemmConfig | MmaGemmConfig | None = None
+                     ) -> str | None:
+    """Why the implicit GEMM cannot run this convolution (None: it can): the TMA kernel, or
+    with an ``MmaGemmConfig`` the ``mma.sync`` kernel of the lab's coordinate tables (whole
+    tiles only). ``x`` and ``w`` have passed ``check_conv_inputs``."""
     if x.device.type != "cuda":
         return f"the implicit GEMM runs on a CUDA device, x is on {x.device}"
+    if x.data_ptr() % GEMM_ALIGN_BYTES:
+        return f"x's data must start on a {GEMM_ALIGN_BYTES}-byte boundary"
+    if isinstance(config, MmaGemmConfig):
+        n, c, h, width = x.shape
+        pixels = (n * output_size(h, w.shape[2], stride[0], padding[0])
+                  * output_size(width, w.shape[3], stride[1], padding[1]))
+        for what, size, tile in (("input channels", c, config.block_k),
+                                 ("output pixels (N P Q)", pixels, config.block_m),
+                                 ("output channels", w.shape[0], config.block_n)):
+            if size % tile:
+                return (f"the mma.sync implicit GEMM takes whole tiles: {what} ({size}) must "
+                        f"be a multiple of {tile}")
+        return None
     arch = device.info(x.device).arch
     if arch != "sm_90a":
         return f"the implicit GEMM runs on sm_90 (H100/H200), this GPU is {arch}"
@@ -117,14 +133,13 @@ def implicit_refusal(x: torch.Tensor, w: torch.Tensor, padding: tuple[int, int])
             return (f"the TMA unit's im2col window takes paddings below {IMPLICIT_CORNER} and "
                     f"filters reaching at most {IMPLICIT_CORNER} past them; got padding "
                     f"{padding} with a {tuple(w.shape[2:])} filter")
-    if x.data_ptr() % GEMM_ALIGN_BYTES:
-        return f"x's data must start on a {GEMM_ALIGN_BYTES}-byte boundary"
     return None
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 1, *,
-           algorithm: str = "auto", config: GemmConfig | None = None) -> torch.Tensor:
+           algorithm: str = "auto", config: GemmConfig | MmaGemmConfig | None = None
+           ) -> torch.Tensor:
     """2-D convolution of a channels-last ``x [N, C, H, W]`` with ``w [K, C, R, S]`` (as
     ``torch.nn.functional.conv2d``, no dilation or groups), fp32 accumulation.
 
@@ -134,10 +149,12 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     lab's FFMA baseline, ``kernels/conv/direct.py``), or ``"auto"`` (implicit where
     ``implicit_refusal`` allows, else im2col). Filters already channels-last
     (``w.to(memory_format=torch.channels_last)``) are used in place; others are permuted once
-    per call. ``config``: the implicit GEMM's tile, ring and split count (``split_k`` 0 or
-    1 ...; slices meet in the one-kernel serial form); default: ``attnlab.gemm.dispatch``'s
-    choice for the ``N P Q x K x R S C`` GEMM. A call signature (shapes, strides, dtypes,
-    device, options) is validated and planned once; later calls only launch.
+    per call. ``config``: the implicit GEMM's tile, ring and split count (a ``GemmConfig``;
+    slices meet in the one-kernel serial form), or an ``MmaGemmConfig`` for the ``mma.sync``
+    kernel with the lab's coordinate tables (sm80+, whole tiles, the bias added after);
+    default: ``attnlab.gemm.dispatch``'s choice for the ``N P Q x K x R S C`` GEMM. A call
+    signature (shapes, strides, dtypes, device, options) is validated and planned once;
+    later calls only launch.
 
     Returns:
         ``[N, K, P, Q]`` in x's dtype, channels-last.
@@ -171,13 +188,13 @@ def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     """Validate a call signature and return what runs it: ``call(x, w, bias)``."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if config is not None and not isinstance(config, GemmConfig):
-        raise TypeError(f"config must be an attnlab.gemm.GemmConfig, got "
+    if config is not None and not isinstance(config, GemmConfig | MmaGemmConfig):
+        raise TypeError(f"config must be an attnlab.gemm.GemmConfig or MmaGemmConfig, got "
                         f"{type(config).__name__}")
     stride_hw, padding_hw = _pair(stride, "stride"), _pair(padding, "padding")
     check_conv_inputs(x, w, bias, stride_hw, padding_hw)
     if algorithm in ("auto", "implicit"):
-        refusal = implicit_refusal(x, w, padding_hw)
+        refusal = implicit_refusal(x, w, stride_hw, padding_hw, config)
         if refusal is None:
             return _ImplicitConv(x, w, bias is not None, stride_hw, padding_hw, config)
         if algorithm == "implicit":
@@ -220,11 +237,12 @@ def _with_bias(out_nhwc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
 
 class _ImplicitConv:
     """One call signature's implicit-GEMM convolution: its plan (the GEMM dispatch's tile and
-    split count, a split summed by the serial form) and kernel, built once."""
+    split count, a split summed by the serial form; an ``MmaGemmConfig``: one CTA a tile)
+    and kernel, built once."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, has_bias: bool,
                  stride: tuple[int, int], padding: tuple[int, int],
-                 config: GemmConfig | None = None):
+                 config: GemmConfig | MmaGemmConfig | None = None):
         info = device.info(x.device)
         n, c, h, width = x.shape
         k, _, r, s = w.shape
@@ -233,14 +251,20 @@ class _ImplicitConv:
         self.pixels = n * self.out_shape[1] * self.out_shape[2]
         self.dtype = x.dtype
         dtype = str(x.dtype).removeprefix("torch.")
-        self.plan = plan(self.pixels, k, r * s * c, info.multiprocessors, config,
-                         in_dtype=dtype, out_dtype=dtype, tiles=CONV_TILES)
-        cfg = self.plan.config
-        self.split = "none" if self.plan.splits == 1 else "serial"
-        spec = ImplicitConvSpec(binary_config(cfg), info.arch, dtype, r, s, *stride, *padding,
-                                self.split, has_bias)
-        self.counters = (math.ceil(self.pixels / cfg.block_m) * math.ceil(k / cfg.block_n)
-                         * cfg.num_consumers)
+        # The mma.sync kernel has no bias epilogue: its calls add the bias after.
+        self.bias_after = isinstance(config, MmaGemmConfig)
+        if self.bias_after:
+            self.split, self.splits, self.num_ctas = "none", 1, 1
+            spec = ImplicitConvSpec(config, info.arch, dtype, r, s, *stride, *padding)
+        else:
+            p = plan(self.pixels, k, r * s * c, info.multiprocessors, config, in_dtype=dtype,
+                     out_dtype=dtype, tiles=CONV_TILES)
+            self.split = "none" if p.splits == 1 else "serial"
+            self.splits, self.num_ctas = p.splits, p.num_ctas
+            self.counters = (math.ceil(self.pixels / p.config.block_m)
+                             * math.ceil(k / p.config.block_n) * p.config.num_consumers)
+            spec = ImplicitConvSpec(binary_config(p.config), info.arch, dtype, r, s, *stride,
+                                    *padding, self.split, has_bias)
         self.kernel = kernel_cache.get(spec).fn
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
@@ -254,10 +278,10 @@ class _ImplicitConv:
         c = out.view(self.pixels, k)
         workspace = counters = None
         if self.split == "serial":
-            workspace = torch.empty((self.plan.splits, self.pixels, k), dtype=torch.float32,
+            workspace = torch.empty((self.splits, self.pixels, k), dtype=torch.float32,
                                     device=x.device)
             counters = tile_counters(x.device, self.counters)
+        fused = None if bias is None or self.bias_after else bias.to(self.dtype)
         self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,
-                    None, None, None if bias is None else bias.to(self.dtype),
-                    self.plan.splits, self.plan.num_ctas)
-        return out.permute(0, 3, 1, 2)
+                    None, None, fused, self.splits, self.num_ctas)
+        return _with_bias(out, bias if self.bias_after else None)

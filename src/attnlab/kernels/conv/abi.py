@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab.config import ConfigError
-from attnlab.gemm_config import GemmConfig
+from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, fake_gemm_args
 
@@ -130,11 +130,13 @@ def fake_direct_conv_args(spec: DirectConvSpec) -> DirectConvArgs:
 
 @dataclass(frozen=True)
 class ImplicitConvSpec(FlatSpec):
-    """The implicit-GEMM convolution on sm_90a (``kernels/conv/implicit.py``): the HGEMM of a
-    ``GemmConfig`` whose A tiles the TMA unit gathers from the image in its im2col mode.
+    """The implicit-GEMM convolution (``kernels/conv/implicit.py``): the sm_90a HGEMM of a
+    ``GemmConfig`` whose A tiles the TMA unit gathers from the image in its im2col mode, or
+    the ``mma.sync`` HGEMM of an ``MmaGemmConfig`` whose threads gather them by ``cp.async``
+    from per-row coordinate tables (the lab's Insight 9; no bias, no split, whole tiles).
 
     Attributes:
-        config: the GEMM's tile and ring (no split-K).
+        config: the GEMM's tile and ring.
         arch, dtype: the target and the operands' (and output's) dtype.
         filter_r, filter_s: the filter's rows and columns.
         stride_h, stride_w, pad_h, pad_w: the convolution's strides and zero paddings.
@@ -145,7 +147,7 @@ class ImplicitConvSpec(FlatSpec):
 
     KIND: ClassVar[str] = "conv_implicit"
 
-    config: GemmConfig
+    config: GemmConfig | MmaGemmConfig
     arch: str
     dtype: str
     filter_r: int = 3
@@ -161,6 +163,10 @@ class ImplicitConvSpec(FlatSpec):
         if self.split not in ("none", "serial"):
             raise ConfigError(f"the implicit convolution splits K in one kernel: split "
                               f"\"none\" or \"serial\", got {self.split!r}")
+        if isinstance(self.config, MmaGemmConfig) and (
+                self.split != "none" or self.bias or not self.config.async_copy):
+            raise ConfigError("the mma.sync implicit convolution gathers A by cp.async "
+                              "(async_copy) and has no split-K or bias epilogue")
 
     def variant(self) -> str:
         return (f"_r{self.filter_r}s{self.filter_s}_u{self.stride_h}v{self.stride_w}"
@@ -180,7 +186,9 @@ class ImplicitConvSpec(FlatSpec):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ImplicitConvSpec:
         fields = {k: v for k, v in data.items() if k != "kind"}
-        return cls(**{**fields, "config": GemmConfig(**fields["config"])})
+        knobs = fields["config"]
+        config_class = MmaGemmConfig if "warps_m" in knobs else GemmConfig
+        return cls(**{**fields, "config": config_class(**knobs)})
 
 
 def fake_implicit_conv_args(spec: ImplicitConvSpec):

@@ -94,7 +94,7 @@ class HgemmSm80(GemmKernel):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         m, n, _ = cute.arch.block_idx()
-        gA = cute.local_tile(mA, (cfg.block_m, cfg.block_k), (m, None))
+        gA = self._a_tiles(mA, m)
         gB = cute.local_tile(mB, (cfg.block_n, cfg.block_k), (n, None))
         gC = cute.local_tile(mC, (cfg.block_m, cfg.block_n), (m, n))
         thr_mma = tiled_mma.get_slice(tidx)
@@ -120,6 +120,21 @@ class HgemmSm80(GemmKernel):
             # A thread's values are column pairs: one 32-bit store each.
             cute.autovec_copy(rC, thr_mma.partition_C(gC))
 
+    def _a_tiles(self, mA: cute.Tensor, m):
+        """A's source for the CTA's row block ``m``: its K tiles ``(block_m, block_k, k)``
+        (the implicit-GEMM convolution gathers them from an image instead)."""
+        return cute.local_tile(mA, (self.cfg.block_m, self.cfg.block_k), (m, None))
+
+    def _a_loads(self, thr_load, gA, sA: cute.Tensor) -> tuple:
+        """This thread's part of A's copies (source, shared stages) and the K tiles."""
+        return (thr_load.partition_S(gA), thr_load.partition_D(sA)), cute.size(gA, mode=[2])
+
+    @cute.jit
+    def _load_a(self, gmem_load: cute.TiledCopy, a_load: tuple, k, stage):
+        """A's K tile ``k`` into ring stage ``stage``."""
+        src, dst = a_load
+        cute.copy(gmem_load, src[None, None, None, k], dst[None, None, None, stage])
+
     @cute.jit
     def _mainloop_global(self, gA: cute.Tensor, gB: cute.Tensor, tiled_mma: cute.TiledMma,
                          thr_mma, acc: cute.Tensor):
@@ -140,8 +155,8 @@ class HgemmSm80(GemmKernel):
         """Tiles through a ``stages``-deep shared-memory ring, fragments from there."""
         cfg = self.cfg
         thr_load = gmem_load.get_slice(tidx)
-        loads = ((thr_load.partition_S(gA), thr_load.partition_D(sA)),
-                 (thr_load.partition_S(gB), thr_load.partition_D(sB)))
+        a_load, k_tiles = self._a_loads(thr_load, gA, sA)
+        loads = (a_load, (thr_load.partition_S(gB), thr_load.partition_D(sB)))
         tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA[None, None, 0]))
         tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB[None, None, 0]))
         if cutlass.const_expr(cfg.ldmatrix):
@@ -154,7 +169,6 @@ class HgemmSm80(GemmKernel):
                cute.make_tiled_copy_B(atom, tiled_mma).get_slice(tidx)]
         frags = ((s2r[0].partition_S(sA), s2r[0].retile(tCrA)),
                  (s2r[1].partition_S(sB), s2r[1].retile(tCrB)))
-        k_tiles = cute.size(gA, mode=[2])
         stages = cfg.stages
         for s in cutlass.range_constexpr(stages - 1):
             if s < k_tiles:
@@ -185,8 +199,9 @@ class HgemmSm80(GemmKernel):
 
     def _load_tile(self, gmem_load: cute.TiledCopy, loads: tuple, k, stage) -> None:
         """K tile ``k`` of A and B into ring stage ``stage``."""
-        for src, dst in loads:
-            cute.copy(gmem_load, src[None, None, None, k], dst[None, None, None, stage])
+        a_load, (src, dst) = loads
+        self._load_a(gmem_load, a_load, k, stage)
+        cute.copy(gmem_load, src[None, None, None, k], dst[None, None, None, stage])
 
     def _commit(self) -> None:
         if cutlass.const_expr(self.cfg.async_copy):
