@@ -306,6 +306,14 @@ def test_compile_config_and_ladder_load_on_first_access(monkeypatch: pytest.Monk
     assert attnlab.ladder is ladder
 
 
+def test_the_lab_families_load_on_first_access() -> None:
+    import importlib
+
+    assert attnlab.conv is importlib.import_module("attnlab.conv")
+    assert attnlab.gemm is importlib.import_module("attnlab.gemm")
+    assert callable(attnlab.conv.conv2d) and callable(attnlab.gemm.matmul)
+
+
 # --------------------------------------------------------------------------------------------
 # The eager fast path: one validation per call signature
 def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -29,9 +29,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """Load ``compile_config``, ``gemm`` and ``ladder`` on first use (PEP 562)."""
-    if name == "gemm":
-        return importlib.import_module("attnlab.gemm")
+    """Load ``compile_config``, ``gemm``, ``conv`` and ``ladder`` on first use (PEP 562)."""
+    if name in ("gemm", "conv"):
+        return importlib.import_module(f"attnlab.{name}")
     if name == "compile_config":
         return importlib.import_module("attnlab.compile").compile_config
     if name == "ladder":
