@@ -59,6 +59,10 @@ def test_conv_refuses_mismatches_and_empty_outputs():
                           (0, 0))
     with pytest.raises(ValueError, match="bias"):
         check_conv_inputs(x, w, torch.zeros(4), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="one device"):
+        check_conv_inputs(x, w, torch.zeros(8, device="meta"), (1, 1), (1, 1))
+    with pytest.raises(TypeError, match="GemmConfig or MmaGemmConfig"):
+        conv2d(x, w, config="128x128")
     with pytest.raises(TypeError, match="pair of ints"):
         conv2d(x, w, stride=(1, 2, 3))
     with pytest.raises(ValueError, match="algorithm"):

@@ -1,11 +1,13 @@
-"""``attnlab.conv.conv2d`` and its im2col step.
+"""``attnlab.conv.conv2d``: input rules, a call signature's plan, and the lab's steps.
 
-im2col writes, for every output pixel, the ``R x S x C`` input values its filter window covers
-(zero outside the padded image) as one row of an ``(N P Q) x (R S C)`` matrix; the
-convolution is then that matrix times the ``K x (R S C)`` filters, transposed: one GEMM. The
-rows keep the channels-last order (filter row, filter column, channel), so the filters need
-only a permute to match. The lab measured this against the direct convolution (which rereads
-X nine times at 3 x 3) and against implicit GEMM (which never writes the matrix).
+A convolution is the GEMM ``[N P Q, R S C] x [R S C, K]``: row ``(n, p, q)`` of the left
+matrix is output pixel ``(p, q)``'s filter window in channels-last order (filter row, filter
+column, channel), zeros outside the padded image, so the filters need only a permute. The
+steps differ in how that matrix reaches the MMAs: **im2col** writes it out (9x the image at
+3 x 3) and runs ``attnlab.gemm.matmul``; **implicit GEMM** (``kernels/conv/implicit.py``)
+never writes it, gathering its tiles from the image (the TMA unit's im2col mode on sm_90a, or
+coordinate tables and ``cp.async`` on ``mma.sync``); the **direct** FFMA convolution
+(``kernels/conv/direct.py``) is the lab's baseline.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def check_conv_inputs(x: object, w: object, bias: object, stride: tuple[int, int
                              f"{channels}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (w.shape[0],)):
         raise ValueError(f"bias must be a tensor of shape ({w.shape[0]},)")
+    for name, t in (("w", w), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}: one device")
     if min(stride) < 1 or min(padding) < 0:
         raise ValueError(f"stride must be >= 1 and padding >= 0, got {stride} and {padding}")
     (r, s), (h, width) = w.shape[2:], x.shape[2:]
@@ -167,8 +172,8 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     refuse_autograd(x, w, bias)
     try:
         key = (algorithm, config, stride, padding, x.shape, x.stride(), x.dtype, x.device,
-               w.shape,
-               w.stride(), w.dtype, None if bias is None else (bias.shape, bias.dtype))
+               w.shape, w.stride(), w.dtype,
+               None if bias is None else (bias.shape, bias.dtype, bias.device))
         call = _calls.get(key)
     except (AttributeError, TypeError):
         key, call = None, None
@@ -184,7 +189,7 @@ _calls: dict[tuple, Callable] = {}
 
 def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
           stride: int | tuple[int, int], padding: int | tuple[int, int], algorithm: str,
-          config: GemmConfig | None) -> Callable:
+          config: GemmConfig | MmaGemmConfig | None) -> Callable:
     """Validate a call signature and return what runs it: ``call(x, w, bias)``."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")

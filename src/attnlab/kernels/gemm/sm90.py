@@ -285,21 +285,20 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _add_bias(self, acc: cute.Tensor, coords: cute.Tensor, bias: cute.Tensor, n
                   ) -> cute.Tensor:
-        """``acc[i, j] + bias[j]`` in fp32, in place (a copy of a 128 x 256 tile's
-        accumulator would spill): each of the thread's ``block_n / 4`` columns' bias loaded
-        once (``acc_mn_view``), none past N."""
+        """``acc[i, j] + bias[j]`` in fp32, in place (no fp32 copy of the tile beside it):
+        each of the thread's ``block_n / 4`` columns' bias loaded once (``acc_mn_view``),
+        none past N."""
         first_col = n * self.cfg.block_n
         cols_left = bias.shape[0] - first_col
-        out = acc
-        out_mn, coords_mn = acc_mn_view(out), acc_mn_view(coords)
-        for c in cutlass.range_constexpr(cute.size(out_mn, mode=[1])):
+        acc_mn, coords_mn = acc_mn_view(acc), acc_mn_view(coords)
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
             col = coords_mn[0, c][1]
             value = cutlass.Float32(0.0)
             if col < cols_left:
                 value = cutlass.Float32(bias[first_col + col])
-            for r in cutlass.range_constexpr(cute.size(out_mn, mode=[0])):
-                out_mn[r, c] = out_mn[r, c] + value
-        return out
+            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                acc_mn[r, c] = acc_mn[r, c] + value
+        return acc
 
     @cute.jit
     def _dequantize(self, acc: cute.Tensor, coords: cute.Tensor, dequant: tuple, m, n
