@@ -23,6 +23,8 @@
 #            and attnlab ladder --family conv
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
+#   frontends  the front-end comparison (CuTe DSL, nvcc, Triton): its GPU test, then the timed
+#            study
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -97,6 +99,11 @@ case $mode in
       | tee -a "$log" | tail -5
     attnlab study cymatic --grids 2048,8192 --modes 6x4,5x4 --out "$OUT/cymatic"
     ;;
+  frontends)
+    python3 -m pytest -q -p no:cacheprovider tests/test_study_frontends.py -m gpu 2>&1 \
+      | tee -a "$log" | tail -5
+    attnlab study frontends --run --out "$OUT/frontends"
+    ;;
   explain)
     attnlab profile k07 --out "$OUT"
     attnlab roofline k02 k07 --out "$OUT"
@@ -106,5 +113,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|conv|study|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|conv|study|frontends|explain|profile)"; exit 2 ;;
 esac

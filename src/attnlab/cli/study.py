@@ -88,3 +88,55 @@ def cymatic_command(
     saved.write_text(json.dumps(rows, indent=1))
     png = cymatic.plot(rows, 512, mode_list[0], out / "cymatic.png")
     console.print(f"wrote {out / 'cymatic.json'} and {png}")
+
+
+@study_app.command("frontends")
+def frontends_command(
+    arch: str = typer.Option("sm_90a", help="Target of the static builds (sm_80, sm_90a; a "
+                             "GPU run builds for the GPU at hand)."),
+    gpu: bool = typer.Option(False, "--run", help="Also build with Triton, time every build "
+                             "round-robin and check its output against the CuTe DSL's (GPU)."),
+    runs: int = typer.Option(20, min=5),
+    out: Path = OUT_OPTION,
+) -> None:
+    """Seed 004's front-end comparison (Observation KK) on attnlab's front-end: the same
+    kernels from the CuTe DSL, nvcc (CUDA C++) and Triton: SASS instructions and groups,
+    registers, build time (and time per call with --run)."""
+    from attnlab.studies import frontends
+
+    if gpu:
+        import torch
+
+        from attnlab import device
+
+        require_gpu()
+        arch = device.info(torch.device("cuda")).arch
+    with progress_bar() as progress:
+        task = progress.add_task(f"building for {arch}", total=len(frontends.KERNELS))
+        rows = frontends.run(arch, gpu, runs, lambda: progress.advance(task))
+    table = Table(title=f"front-ends on {arch}: SASS instructions (no NOPs), registers, build "
+                  "seconds" + (", device time and rate" if gpu else ""), title_justify="left")
+    columns = ["kernel", "front-end", "instructions", "integer/address", "global memory",
+               "tensor", "registers", "build s"]
+    columns += ["ms", "GB/s | TFLOP/s", "max |diff|"] if gpu else []
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("kernel", "front-end") else
+                         "right")
+    for r in rows:
+        if r.get("error"):
+            table.add_row(r["kernel"], r["frontend"], str(r["error"])[:60])
+            continue
+        groups = r["groups"]
+        cells = [str(r["instructions"]), str(groups.get("integer/address", 0)),
+                 str(groups.get("global memory", 0)), str(groups.get("tensor", 0)),
+                 str(r["registers"]), f"{r['build_s']:.2f}"]
+        if gpu:
+            diff = r.get("max_abs_diff")
+            cells += [f"{r.get('ms', 0):.3f}", f"{r.get('rate', 0):.0f}",
+                      "-" if diff is None else f"{diff:.2g}"]
+        table.add_row(r["kernel"], r["frontend"], *cells)
+    console.print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"frontends_{arch}.json"
+    path.write_text(json.dumps(rows, indent=1))
+    console.print(f"wrote {path} and {frontends.plot(rows, out / f'frontends_{arch}.png')}")

@@ -1,0 +1,148 @@
+"""The front-end study's kernels as CUDA C++ sources (built by nvcc) and Triton functions
+(built by Triton, imported only where Triton is installed). They exist for the comparison
+only (``attnlab.studies.frontends``): the product's kernels are the CuTe DSL ones.
+
+Each kernel does what its CuTe DSL counterpart does, in the same shape:
+``vector_add`` one element a thread; ``gather_sum`` the cymatic study's gather (each thread
+sums ``data[index[i]]`` over a grid-stride walk); ``hgemm_tile`` a 128 x 128 x 32 bf16 tile
+over 8 warps (4 x 2), both operands K-major, cp.async double buffering into padded shared
+memory (+8 halves a row), fp32 C: the ``mma.sync`` ladder kernel's ``MmaGemmConfig`` at
+those knobs (CUDA through the WMMA API, Triton through ``tl.dot``).
+"""
+
+VECTOR_ADD_CU = r"""
+extern "C" __global__ void vector_add(const float* __restrict__ a,
+                                      const float* __restrict__ b,
+                                      float* __restrict__ c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+GATHER_SUM_CU = r"""
+extern "C" __global__ void gather_sum(const float* __restrict__ data,
+                                      const int* __restrict__ index,
+                                      float* __restrict__ out, int count) {
+  int threads = gridDim.x * blockDim.x;
+  int first = blockIdx.x * blockDim.x + threadIdx.x;
+  float acc = 0.f;
+#pragma unroll 4
+  for (int i = first; i < count; i += threads) acc += data[index[i]];
+  out[first] = acc;
+}
+"""
+
+HGEMM_TILE_CU = r"""
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+
+constexpr int BM = 128, BN = 128, BK = 32, LD = BK + 8, THREADS = 256;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+// C[M, N] (fp32) = A[M, K] @ B[N, K]^T, whole tiles: M, N multiples of 128, K of 32.
+extern "C" __global__ void __launch_bounds__(THREADS)
+hgemm_tile(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
+           float* __restrict__ C, int M, int N, int K) {
+  __shared__ __align__(128) __nv_bfloat16 sA[2][BM][LD];
+  __shared__ __align__(128) __nv_bfloat16 sB[2][BN][LD];
+  const int warp = threadIdx.x / 32, wm = warp % 4, wn = warp / 4;  // warp tile 32 x 64
+  const __nv_bfloat16* gA = A + (size_t)blockIdx.x * BM * K;
+  const __nv_bfloat16* gB = B + (size_t)blockIdx.y * BN * K;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+  auto load = [&](int stage, int k0) {
+#pragma unroll
+    for (int c = threadIdx.x; c < BM * BK / 8; c += THREADS) {
+      int row = c / (BK / 8), col = c % (BK / 8) * 8;
+      cp_async16(&sA[stage][row][col], gA + (size_t)row * K + k0 + col);
+      cp_async16(&sB[stage][row][col], gB + (size_t)row * K + k0 + col);
+    }
+    asm volatile("cp.async.commit_group;\n");
+  };
+
+  const int tiles = K / BK;
+  load(0, 0);
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      load((t + 1) & 1, (t + 1) * BK);
+      asm volatile("cp.async.wait_group 1;\n");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n");
+    }
+    __syncthreads();
+    const int s = t & 1;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &sA[s][wm * 32 + i * 16][kk], LD);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wmma::load_matrix_sync(fb[j], &sB[s][wn * 64 + j * 16][kk], LD);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  float* gC = C + (size_t)(blockIdx.x * BM + wm * 32) * N + blockIdx.y * BN + wn * 64;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      wmma::store_matrix_sync(gC + (size_t)i * 16 * N + j * 16, acc[i][j], N,
+                              wmma::mem_row_major);
+}
+"""
+
+#: name -> (CUDA source, kernel symbol).
+CUDA_SOURCES = {"vector_add": (VECTOR_ADD_CU, "vector_add"),
+                "gather_sum": (GATHER_SUM_CU, "gather_sum"),
+                "hgemm_tile": (HGEMM_TILE_CU, "hgemm_tile")}
+
+
+def triton_kernels() -> dict:
+    """name -> Triton function (imports Triton: call only where it is installed)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def vector_add(a, b, c, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = i < n
+        tl.store(c + i, tl.load(a + i, mask=inside) + tl.load(b + i, mask=inside), mask=inside)
+
+    @triton.jit
+    def gather_sum(data, index, out, count, threads, BLOCK: tl.constexpr):
+        first = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for step in range(0, tl.cdiv(count, threads)):
+            i = first + step * threads
+            inside = i < count
+            where = tl.load(index + i, mask=inside, other=0)
+            acc += tl.load(data + where, mask=inside, other=0.0)
+        tl.store(out + first, acc)
+
+    @triton.jit
+    def hgemm_tile(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        ks = tl.arange(0, BK)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = tl.load(A + rows[:, None] * K + (k0 + ks)[None, :])
+            b = tl.load(B + cols[:, None] * K + (k0 + ks)[None, :])
+            acc += tl.dot(a, tl.trans(b))
+        tl.store(C + rows[:, None] * N + cols[None, :], acc)
+
+    return {"vector_add": vector_add, "gather_sum": gather_sum, "hgemm_tile": hgemm_tile}
