@@ -15,6 +15,7 @@ from attnlab.analysis.banks import (
     access_stats,
     fragment_store_coords,
     from_config,
+    gemm_from_config,
     instruction_ways,
     layout_for,
     ldmatrix_coords,
@@ -236,3 +237,25 @@ def test_the_bank_model_refuses_the_wgmma_kernel():
     writes, descriptor reads) is refused instead of modelled as something it is not."""
     with pytest.raises(ConfigError, match="wgmma"):
         from_config(ladder.HOPPER_STEPS["wgmma"], 128)
+
+
+def test_the_gemm_ladders_bank_story_is_observation_n():
+    """The mma.sync HGEMM's 64-byte rows (block_k 32): ldmatrix phases 4-way conflicted
+    without padding (g06), conflict-free with +8 halves (g07), whose 80-byte rows make the
+    16-byte copies 2-way instead, and conflict-free everywhere with the XOR swizzle (g07x):
+    the order the ladder measured (x1.85, then x2.10 over g06)."""
+    from attnlab.gemm.ladder import GEMM_STEPS
+
+    def ways(step):
+        return {s.name.split(" (")[0]: max(s.phase_ways)
+                for s in gemm_from_config(GEMM_STEPS[step][0])}
+
+    assert ways("g06") == {"A cp.async": 1, "B cp.async": 1, "A ldmatrix.x4": 4,
+                           "B ldmatrix.x4": 4}
+    assert ways("g07") == {"A cp.async": 2, "B cp.async": 2, "A ldmatrix.x4": 1,
+                           "B ldmatrix.x4": 1}
+    assert set(ways("g07x").values()) == {1}
+    # Without ldmatrix the fragments' 4-byte loads are 4-way too; g01 has no shared memory.
+    assert ways("g02")["A ld.shared"] == 4
+    with pytest.raises(ConfigError, match="global memory"):
+        gemm_from_config(GEMM_STEPS["g01"][0])

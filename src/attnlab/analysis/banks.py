@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from attnlab.config import FRAG_COLS, MMA_K, MMA_M, ConfigError, FlashConfig
+from attnlab.gemm_config import MmaGemmConfig
 
 BANKS = 32
 BANK_BYTES = 4
@@ -254,3 +255,58 @@ def from_config(config: FlashConfig, head_dim: int, elem_bytes: int = 2) -> list
         access_stats("O ld.shared for global store (16 B)", q, copies(config.block_m),
                      CHUNK_BYTES),
     ]
+
+
+def gemm_from_config(config: MmaGemmConfig, elem_bytes: int = 2) -> list[AccessStats]:
+    """Every shared-memory access of the ``mma.sync`` HGEMM (``kernels/gemm/sm80.py``; the
+    GEMM ladder's steps, the conv ladder's coordinate-table step), for warp 0: A's and B's
+    16-byte copies into their ``block_k``-wide tiles, the fragments' reads (``ldmatrix.x4``,
+    or 4-byte loads of value pairs without it), and with ``smem_epilogue`` C's 4-byte
+    fragment stores and 16-byte reads back. The lab's Observation N in numbers: 64-byte rows
+    put an ldmatrix phase's 8 rows on two bank groups (4-way), +8 halves of padding or the
+    XOR swizzle spread them."""
+    if not config.smem:
+        raise ConfigError(f"{config.label()} loads its fragments from global memory: no "
+                          f"shared-memory access to model")
+    k = config.block_k
+    a = layout_for(config.swizzle, config.block_m, k, elem_bytes)
+    b = layout_for(config.swizzle, config.block_n, k, elem_bytes)
+    threads_per_row = k * elem_bytes // CHUNK_BYTES
+    store = "cp.async" if config.async_copy else "st.shared"
+
+    def copies(rows: int, per_row: int) -> list[Coords]:
+        """Warp 0's 16-byte row copies of a tile, ``per_row`` threads a row."""
+        return [row_copy_coords(r, 0, CHUNK_BYTES, elem_bytes, per_row)
+                for r in range(0, rows, config.num_threads // per_row)]
+
+    # Warp 0's 16-row slabs of A and 16-column slabs of B (the warp grid's tiling).
+    a_slabs = range(0, config.block_m, MMA_M * config.warps_m)
+    b_slabs = range(0, config.block_n, MMA_K * config.warps_n)
+
+    def fragments(slabs: range) -> list[Coords]:
+        if config.ldmatrix:
+            return [ldmatrix_coords(r, c) for r in slabs for c in range(0, k, MMA_K)]
+        return [fragment_store_coords(r + dr, c + dc) for r in slabs for c in range(0, k, MMA_K)
+                for dr in (0, MATRIX_ROWS) for dc in (0, MATRIX_ROWS)]
+
+    read = ("ldmatrix.x4", CHUNK_BYTES) if config.ldmatrix else ("ld.shared (4 B)", BANK_BYTES)
+    stats = [
+        access_stats(f"A {store} (16 B)", a, copies(config.block_m, threads_per_row),
+                     CHUNK_BYTES),
+        access_stats(f"B {store} (16 B)", b, copies(config.block_n, threads_per_row),
+                     CHUNK_BYTES),
+        access_stats(f"A {read[0]}", a, fragments(a_slabs), read[1]),
+        access_stats(f"B {read[0]}", b, fragments(b_slabs), read[1]),
+    ]
+    if config.smem_epilogue:
+        c = layout_for(config.swizzle, config.block_m, config.block_n, elem_bytes)
+        stats += [
+            access_stats("C fragment st.shared (4 B)", c,
+                         [fragment_store_coords(r + half, col) for r in a_slabs
+                          for half in (0, MATRIX_ROWS)
+                          for col in range(0, config.block_n, FRAG_COLS)], BANK_BYTES),
+            access_stats("C ld.shared for global store (16 B)", c,
+                         copies(config.block_m, config.block_n * elem_bytes // CHUNK_BYTES),
+                         CHUNK_BYTES),
+        ]
+    return stats

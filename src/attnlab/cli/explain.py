@@ -343,12 +343,19 @@ def banks(
     instruction (ideal in brackets) and conflict ways per phase."""
     specs = [(config, "CONFIG")] + ([(vs, "--vs")] if vs is not None else [])
     configs = [_resolve(spec, hint) for spec, hint in specs]
+    stats = []
     for (_, cfg), (_, hint) in zip(configs, specs, strict=True):
         try:
+            if isinstance(cfg, MmaGemmConfig):  # a GEMM ladder step or the conv's c03
+                stats.append(bank_model.gemm_from_config(cfg))
+                continue
+            if isinstance(cfg, GemmConfig):
+                raise ConfigError("the bank model covers mma.sync kernels; the wgmma GEMM's "
+                                  "tiles are written by TMA and read by wgmma (swizzled)")
             cfg.check_problem(head_dim)
+            stats.append(bank_model.from_config(cfg, head_dim))
         except ConfigError as exc:
             raise typer.BadParameter(str(exc), param_hint=hint) from None
-    stats = [bank_model.from_config(cfg, head_dim) for _, cfg in configs]
     labels = [label for label, _ in configs]
 
     if as_json:
@@ -360,8 +367,10 @@ def banks(
     console = _console()
     for (label, cfg), st in zip(configs, stats, strict=True):
         console.print(f"{label}: {cfg.short_name()}; smem layout: {st[0].layout}")
-    table = Table(title=f"Shared-memory wavefronts per warp instruction, ideal in brackets "
-                        f"(head_dim {head_dim})", title_justify="left")
+    problem = (f" (head_dim {head_dim})" if any(isinstance(cfg, FlashConfig)
+                                                 for _, cfg in configs) else "")
+    table = Table(title=f"Shared-memory wavefronts per warp instruction, ideal in brackets"
+                        f"{problem}", title_justify="left")
     table.add_column("access", no_wrap=True)
     table.add_column("instr/warp", justify="right")
     for label in labels:
