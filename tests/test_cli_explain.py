@@ -167,8 +167,12 @@ def test_sass_takes_the_implicit_gemm_convolution_and_refuses_its_other_steps():
     assert result.exit_code != 0 and "implicit-GEMM" in result.output
 
 
-def test_roofline_families_check_their_options_before_asking_for_a_gpu():
+def test_roofline_and_profile_families_check_their_options_before_asking_for_a_gpu():
     result = runner.invoke(app, ["roofline", "--family", "sparse"])
     assert result.exit_code != 0 and "attention, gemm, conv" in result.output
     result = runner.invoke(app, ["roofline", "--family", "conv", "--shape", "4,320"])
     assert result.exit_code != 0 and "three positive sizes" in result.output
+    result = runner.invoke(app, ["profile", "--family", "gemm", "--shape", "8192,x,1"])
+    assert result.exit_code != 0 and "three positive sizes" in result.output
+    result = runner.invoke(app, ["profile", "--family", "conv", "--stalls"])
+    assert result.exit_code != 0 and "attention configs" in result.output

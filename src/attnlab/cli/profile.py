@@ -39,6 +39,26 @@ def _profile_all(config: str, shape: tuple[int, ...], dtype: str, peers: list[st
         raise typer.Exit(code=3) from None
 
 
+def _family_shape(family: str, shape: str | None) -> tuple[str, tuple[int, ...]]:
+    """The shape option of ``profile``/``roofline`` for a family (its default when None),
+    checked: B,Sq,Sk,H,D for attention, three sizes for gemm (M,N,K) and conv (N,C,HW)."""
+    if family not in ("attention", *FAMILY_ROOFLINES):
+        raise typer.BadParameter(f"{family!r} is not one of attention, "
+                                 f"{', '.join(FAMILY_ROOFLINES)}", param_hint="--family")
+    if family == "attention":
+        shape = shape or "4,4096,4096,16,128"
+        return shape, _shape(shape)
+    shape = shape or FAMILY_ROOFLINES[family][0]
+    try:
+        dims = tuple(int(x) for x in shape.split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise typer.BadParameter(f"expected three positive sizes, got {shape!r}",
+                                 param_hint="--shape")
+    return shape, dims
+
+
 def _profile_family(family: str, shape: str, dtype: str):
     """ncu of attnlab's call and its peer's at one GEMM or convolution shape."""
     from attnlab.analysis.ncu import ProfilerUnavailable, profile
@@ -56,11 +76,15 @@ def profile_command(
     config: str = typer.Argument(
         "k07", help="Ladder name, JSON file of FlashConfig fields, or 'default' (what a call "
         "runs on this GPU)."),
-    shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
+    shape: str | None = typer.Option(None, help="B,Sq,Sk,H,D (default 4,4096,4096,16,128); "
+                                     "with --family gemm M,N,K, conv N,C,HW."),
     dtype: str = typer.Option("bf16"),
     causal: bool = typer.Option(False, help="Causal mask (bottom-right; Sq == Sk here)."),
     peers: str = typer.Option("sdpa_flash", help="Comma-separated peers profiled beside it: "
                               f"{', '.join(PEERS)} (empty for none)."),
+    family: str = typer.Option("attention", help="attention (CONFIG and --peers), or gemm / "
+                               "conv: what attnlab.gemm.matmul / attnlab.conv.conv2d run, "
+                               "beside cuBLAS / cuDNN (CONFIG, --peers and --causal unused)."),
     stalls: bool = typer.Option(False, help="Also sample warp stalls per SASS instruction "
                                 "(ncu's source counters): the reasons and the instructions "
                                 "with the most samples, per implementation."),
@@ -70,21 +94,31 @@ def profile_command(
     from attnlab.analysis.ncu import METRIC_SETS, OPCODES_SHOWN, derived, save_json
     from attnlab.ladder import resolve
 
-    if config != "default":
+    shape, dims = _family_shape(family, shape)
+    if family != "attention":
+        if stalls:
+            raise typer.BadParameter("stall sampling is for attention configs",
+                                     param_hint="--stalls")
+        (dtype_name,) = parse_dtypes(dtype)
+        require_gpu()
+        with console.status("running ncu (one launch each)"):
+            profiles = _profile_family(family, shape, dtype_name)
+        config, causal = family, False
+    elif config != "default":
         try:
             resolve(config)
         except (KeyError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="CONFIG") from None
     peer_names = [p for p in peers.split(",") if p]
     unknown = sorted(set(peer_names) - set(PEERS))
-    if unknown:
+    if unknown and family == "attention":
         raise typer.BadParameter(f"unknown peers {unknown}; choose from {', '.join(PEERS)}",
                                  param_hint="--peers")
-    dims = _shape(shape)
-    (dtype_name,) = parse_dtypes(dtype)
-    require_gpu()
-    with console.status("running ncu (one launch each)"):
-        profiles = _profile_all(config, dims, dtype_name, peer_names, causal)
+    if family == "attention":
+        (dtype_name,) = parse_dtypes(dtype)
+        require_gpu()
+        with console.status("running ncu (one launch each)"):
+            profiles = _profile_all(config, dims, dtype_name, peer_names, causal)
     mask_name = " causal" if causal else ""
     table = Table(title=f"ncu --clock-control none: {config} vs peers, shape {shape}{mask_name}")
     table.add_column("metric")
@@ -255,20 +289,11 @@ def roofline(
     from attnlab.bench.ceilings import measure_ceilings
     from attnlab.bench.timing import attention_flops
 
-    if family not in ("attention", *FAMILY_ROOFLINES):
-        raise typer.BadParameter(f"{family!r} is not one of attention, "
-                                 f"{', '.join(FAMILY_ROOFLINES)}", param_hint="--family")
+    shape, dims = _family_shape(family, shape)
     (dtype_name,) = parse_dtypes(dtype)
     if family == "attention":
-        shape = shape or "4,4096,4096,16,128"
-        dims = _shape(shape)
         flops = attention_flops(dims[0], dims[3], dims[1], dims[2], dims[4])
     else:
-        shape = shape or FAMILY_ROOFLINES[family][0]
-        dims = tuple(int(x) for x in shape.split(","))
-        if len(dims) != 3 or min(dims) < 1:
-            raise typer.BadParameter(f"expected three positive sizes, got {shape!r}",
-                                     param_hint="--shape")
         flops = (2.0 * dims[0] * dims[1] * dims[2] if family == "gemm"
                  else 2.0 * dims[0] * dims[2] ** 2 * dims[1] ** 2 * 9)
     require_gpu()
