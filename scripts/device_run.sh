@@ -23,8 +23,8 @@
 #            and attnlab ladder --family conv
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
-#   frontends  the front-end comparison (CuTe DSL, nvcc, Triton): its GPU test, then the timed
-#            study
+#   frontends  the front-end comparison (CuTe DSL, nvcc, Triton): its GPU tests, the timed
+#            study, and the lab's IMMA and HMMA stall edits on nvcc's WMMA tiles (A/B, 60 runs)
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
@@ -100,9 +100,11 @@ case $mode in
     attnlab study cymatic --grids 2048,8192 --modes 6x4,5x4 --out "$OUT/cymatic"
     ;;
   frontends)
-    python3 -m pytest -q -p no:cacheprovider tests/test_study_frontends.py -m gpu 2>&1 \
-      | tee -a "$log" | tail -5
+    python3 -m pytest -q -p no:cacheprovider tests/test_study_frontends.py \
+      tests/test_analysis_cubin_patch.py -m gpu 2>&1 | tee -a "$log" | tail -5
     attnlab study frontends --run --out "$OUT/frontends"
+    attnlab patch cuda:igemm_tile --runs 60 --out "$OUT/patch"
+    attnlab patch cuda:hgemm_tile --runs 60 --out "$OUT/patch"
     ;;
   explain)
     attnlab profile k07 --out "$OUT"

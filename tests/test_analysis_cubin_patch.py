@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import struct
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from attnlab import kernel_cache
-from attnlab.analysis.control_codes import CONTROL_SHIFT, decode
+from attnlab.analysis.control_codes import CONTROL_SHIFT, control_codes, decode
 from attnlab.analysis.cubin_patch import (
     StallEdit,
     embedded_cubins,
@@ -156,3 +157,45 @@ def test_patch_command_checks_its_edits_then_needs_a_gpu(monkeypatch):
     assert bad.exit_code == 2 and "OPCODE:FROM:TO" in bad.output
     no_gpu = runner.invoke(app, ["patch", "k16", "--edit", "HMMA:8:4"])
     assert no_gpu.exit_code == 2 and "needs a CUDA GPU" in no_gpu.output
+
+
+def test_the_lab_imma_edit_lands_on_nvccs_wmma_int8_tile(tmp_path):
+    """The front-end study's s8 WMMA tile (nvcc) is the IMMA edit's subject: ptxas gives its
+    back-to-back IMMAs 4 cycles; ``IMMA:4:2`` rewrites those and nothing else."""
+    import shutil
+
+    from attnlab.analysis.cubin_patch import SEED_IMMA_EDIT
+    from attnlab.studies.frontends import build_nvcc
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed here")
+    build = build_nvcc("igemm_tile", "sm_90a", tmp_path)
+    original = build.cubin.read_bytes()
+    patched, changed = patch_stalls(original, [StallEdit.parse(SEED_IMMA_EDIT["sm_90a"])])
+    assert changed == 31 and len(patched) == len(original)
+    out = tmp_path / "patched.cubin"
+    out.write_bytes(patched)
+
+    def stalls(path):
+        instructions = parse(disassemble(path, encodings=True))
+        return Counter(cc.stall for i, cc in control_codes(instructions)
+                       if i.opcode.startswith("IMMA"))
+
+    assert stalls(build.cubin) == Counter({4: 31, 1: 1})
+    assert stalls(out) == Counter({2: 31, 1: 1})
+
+
+@pytest.mark.gpu
+def test_the_cubin_ab_times_and_checks_an_edited_nvcc_kernel():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from attnlab.bench.patch_ab import run_cubin_ab
+
+    results = run_cubin_ab("igemm_tile", {"none": [], "IMMA:4:2": [StallEdit(
+        "IMMA", 4, 2)]}, runs=5, size=1024)
+    assert [r.variant for r in results] == ["original", "none", "IMMA:4:2"]
+    # No edit: the same binary, bitwise the same output (exact int32 sums).
+    assert results[1].changed == 0 and results[1].identical
+    assert results[2].changed > 0 and all(r.median_ms > 0 for r in results)

@@ -37,6 +37,9 @@ _INSTRUCTION_BYTES = 16
 #: Seed 004's HMMA edit per architecture: halve the stall ptxas gives back-to-back HMMAs,
 #: 8 cycles on sm_80 (the seed's S08 -> S04) and 6 on sm_90a (k16: 400 of 512 HMMAs).
 SEED_HMMA_EDIT = {"sm_80": "HMMA:8:4", "sm_90a": "HMMA:6:3"}
+#: Seed 004's IMMA edit (S04 -> S02): nvcc gives the WMMA s8 tile's back-to-back IMMAs 4
+#: cycles on sm_80 and sm_90a alike (25 and 31 of its 32).
+SEED_IMMA_EDIT = {"sm_80": "IMMA:4:2", "sm_90a": "IMMA:4:2"}
 
 
 @dataclass(frozen=True)

@@ -94,21 +94,78 @@ def run_ab(point: Point, config: FlashConfig | None, variants: dict[str, list[St
             launch = launches[name][0]
             return lambda i: launch(*sets[i], outs[name][i], None)
 
-        samples = sample_interleaved({name: call(name) for name in launches}, runs=runs,
-                                     rotations=len(sets))
-        # The round-robin gives each variant only some of the input sets: every output is
-        # written afresh, over NaN, before the comparison.
-        for name in launches:
-            for i in range(len(sets)):
-                outs[name][i].fill_(float("nan"))
-                call(name)(i)
-        torch.cuda.synchronize()
-        results = []
-        for name, (_, changed) in launches.items():
-            diff = max((outs[name][i].float() - outs["original"][i].float()).abs().max().item()
-                       for i in range(len(sets)))
-            identical = all(torch.equal(outs[name][i], outs["original"][i])
-                            for i in range(len(sets)))
-            results.append(PatchResult(name, changed, statistics.median(samples[name]),
-                                       median_ci(samples[name]), diff, identical))
+        return _compare_and_time({name: call(name) for name in launches},
+                                 {name: changed for name, (_, changed) in launches.items()},
+                                 outs, runs)
+
+
+def run_cubin_ab(kernel: str, variants: dict[str, list[StallEdit]], *, runs: int = 50,
+                 size: int = 4096) -> list[PatchResult]:
+    """The same A/B on a CUDA C++ kernel of the front-end study (``cuda:igemm_tile``,
+    ``cuda:hgemm_tile``: nvcc's WMMA tiles, whose IMMA / HMMA are the lab's edits' subject;
+    attnlab's own INT8 GEMM issues IGMMA): built by nvcc for this GPU, each edit a patched
+    copy of the cubin, a ``size``-cubed GEMM on random operands (small integers for s8: the
+    int32 sums are exact, so any change in the output is an error)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the A/B timing of control-code edits needs a CUDA GPU")
+    from attnlab import device
+    from attnlab.bench.cubin import CubinFunction
+    from attnlab.studies.frontend_sources import CUDA_SOURCES
+    from attnlab.studies.frontends import build_nvcc, cuda_launch
+
+    if kernel not in ("igemm_tile", "hgemm_tile"):
+        raise ValueError(f"cuda:{kernel}: the A/B takes cuda:igemm_tile or cuda:hgemm_tile")
+    with tempfile.TemporaryDirectory() as folder:
+        build = build_nvcc(kernel, device.info(torch.device("cuda")).arch, Path(folder))
+        if build.cubin is None:
+            raise RuntimeError(f"nvcc could not build {kernel}: {build.error}")
+        original = build.cubin.read_bytes()
+    symbol = CUDA_SOURCES[kernel][1]
+    functions = {"original": (CubinFunction(original, symbol), 0)}
+    for name, edits in variants.items():
+        patched, changed = patch_stalls(original, edits)
+        functions[name] = (CubinFunction(patched, symbol), changed)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if kernel == "igemm_tile":
+        a, b = (torch.randint(-8, 8, (size, size), device="cuda", dtype=torch.int8,
+                              generator=gen) for _ in range(2))
+        out_dtype = torch.int32
+    else:
+        a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        out_dtype = torch.float32
+    outs = {name: [torch.empty(size, size, device="cuda", dtype=out_dtype)]
+            for name in functions}
+
+    def call(name: str):
+        function = functions[name][0]
+        return lambda i: function.launch(*cuda_launch(kernel, (a, b, outs[name][i])))
+
+    return _compare_and_time({name: call(name) for name in functions},
+                             {name: changed for name, (_, changed) in functions.items()},
+                             outs, runs)
+
+
+def _compare_and_time(calls: dict, changed: dict[str, int], outs: dict[str, list],
+                      runs: int) -> list[PatchResult]:
+    """Time ``calls`` round-robin (``calls[name](i)`` writes ``outs[name][i]``), then write
+    every output afresh over poison and compare it with the original's, bitwise."""
+    sets = len(outs["original"])
+    samples = sample_interleaved(calls, runs=runs, rotations=sets)
+    # The round-robin gives each variant only some of the input sets: every output is
+    # written afresh, over poison (NaN, or int32's minimum), before the comparison.
+    for name, call in calls.items():
+        for i in range(sets):
+            poison = (float("nan") if outs[name][i].is_floating_point()
+                      else torch.iinfo(outs[name][i].dtype).min)
+            outs[name][i].fill_(poison)
+            call(i)
+    torch.cuda.synchronize()
+    results = []
+    for name in calls:
+        diff = max((outs[name][i].float() - outs["original"][i].float()).abs().max().item()
+                   for i in range(sets))
+        identical = all(torch.equal(outs[name][i], outs["original"][i]) for i in range(sets))
+        results.append(PatchResult(name, changed[name], statistics.median(samples[name]),
+                                   median_ci(samples[name]), diff, identical))
     return results

@@ -192,7 +192,9 @@ EDIT_OPTION = typer.Option(
 @app.command("patch")
 def patch_command(
     config: str = typer.Argument(
-        "k16", help="Ladder name, JSON file of FlashConfig fields, or 'default'."),
+        "k16", help="Ladder name, JSON file of FlashConfig fields, 'default', or "
+        "cuda:igemm_tile / cuda:hgemm_tile (the front-end study's nvcc WMMA tiles: IMMA and "
+        "HMMA, at 4096^3; default edits IMMA:4:2 and the arch's HMMA halving)."),
     edit: list[str] | None = EDIT_OPTION,
     shape: str = typer.Option("4,4096,4096,16,128", help="B,Sq,Sk,H,D"),
     dtype: str = typer.Option("bf16"),
@@ -207,16 +209,20 @@ def patch_command(
     import torch
 
     from attnlab import device
-    from attnlab.analysis.cubin_patch import SEED_HMMA_EDIT, StallEdit
-    from attnlab.bench.patch_ab import run_ab
+    from attnlab.analysis.cubin_patch import SEED_HMMA_EDIT, SEED_IMMA_EDIT, StallEdit
+    from attnlab.bench.patch_ab import run_ab, run_cubin_ab
     from attnlab.bench.runner import Point
     from attnlab.ladder import resolve
 
     def variants_of(texts: list[str]) -> dict[str, list[StallEdit]]:
         return {text: [StallEdit.parse(part) for part in text.split("+")] for text in texts}
 
+    cuda_kernel = config.removeprefix("cuda:") if config.startswith("cuda:") else None
     try:
-        flash = None if config == "default" else resolve(config)
+        if cuda_kernel is not None and cuda_kernel not in ("igemm_tile", "hgemm_tile"):
+            raise ValueError(f"{config}: the CUDA kernels are cuda:igemm_tile and "
+                             f"cuda:hgemm_tile (the front-end study's WMMA tiles)")
+        flash = None if config == "default" or cuda_kernel else resolve(config)
         variants = variants_of(edit or [])
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -225,12 +231,18 @@ def patch_command(
     require_gpu()
     if not variants:
         arch = device.info(torch.device("cuda")).arch
-        variants = variants_of([SEED_HMMA_EDIT.get(arch, SEED_HMMA_EDIT["sm_80"])])
+        seed = SEED_IMMA_EDIT if cuda_kernel == "igemm_tile" else SEED_HMMA_EDIT
+        variants = variants_of([seed.get(arch, seed["sm_80"])])
     point = Point(b, sq, sk, h, d, dtype_name, causal)
     with console.status("compiling, patching and timing"):
-        results = run_ab(point, flash, variants, runs=runs)
+        if cuda_kernel is None:
+            results = run_ab(point, flash, variants, runs=runs)
+            what = point.label()
+        else:
+            results = run_cubin_ab(cuda_kernel, variants, runs=runs)
+            what, causal, (b, sq, sk, h, d) = "4096^3 (nvcc WMMA tile)", False, (4096,) * 5
     base = results[0].median_ms
-    table = Table(title=f"control-code edits of {config}: {point.label()}, {runs} runs each")
+    table = Table(title=f"control-code edits of {config}: {what}, {runs} runs each")
     for column in ("variant", "instructions changed", "median ms (95 % CI)", "vs original",
                    "output"):
         table.add_column(column, justify="left" if column == "variant" else "right")
@@ -241,9 +253,10 @@ def patch_command(
                       f"{base / r.median_ms:.3f}x", same)
     console.print(table)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / (f"patch_{Path(config).stem}{'_causal' if causal else ''}_"
+    stem = cuda_kernel or Path(config).stem
+    path = out / (f"patch_{stem}{'_causal' if causal else ''}_"
                   f"{'x'.join(map(str, (b, sq, sk, h, d)))}.json")
-    path.write_text(json.dumps({"point": point.label(), "config": config,
+    path.write_text(json.dumps({"point": what, "config": config,
                                 "results": [r.to_dict() for r in results]}, indent=1))
     console.print(f"wrote {path}")
 

@@ -32,58 +32,60 @@ extern "C" __global__ void gather_sum(const float* __restrict__ data,
 }
 """
 
-HGEMM_TILE_CU = r"""
+#: The WMMA tile, for one operand type: ``{name}``, ``{element}`` (A and B), ``{acc}`` (C).
+_WMMA_TILE_CU = r"""
 #include <cuda_bf16.h>
 #include <mma.h>
 using namespace nvcuda;
 
-constexpr int BM = 128, BN = 128, BK = 32, LD = BK + 8, THREADS = 256;
+constexpr int BM = 128, BN = 128, BK = 32, LD = BK + 16 / sizeof({element}), THREADS = 256;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
+}}
 
-// C[M, N] (fp32) = A[M, K] @ B[N, K]^T, whole tiles: M, N multiples of 128, K of 32.
+// C[M, N] = A[M, K] @ B[N, K]^T, whole tiles: M, N multiples of 128, K of 32.
 extern "C" __global__ void __launch_bounds__(THREADS)
-hgemm_tile(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
-           float* __restrict__ C, int M, int N, int K) {
-  __shared__ __align__(128) __nv_bfloat16 sA[2][BM][LD];
-  __shared__ __align__(128) __nv_bfloat16 sB[2][BN][LD];
+{name}(const {element}* __restrict__ A, const {element}* __restrict__ B,
+       {acc}* __restrict__ C, int M, int N, int K) {{
+  __shared__ __align__(128) {element} sA[2][BM][LD];
+  __shared__ __align__(128) {element} sB[2][BN][LD];
   const int warp = threadIdx.x / 32, wm = warp % 4, wn = warp / 4;  // warp tile 32 x 64
-  const __nv_bfloat16* gA = A + (size_t)blockIdx.x * BM * K;
-  const __nv_bfloat16* gB = B + (size_t)blockIdx.y * BN * K;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
+  const {element}* gA = A + (size_t)blockIdx.x * BM * K;
+  const {element}* gB = B + (size_t)blockIdx.y * BN * K;
+  constexpr int CHUNK = 16 / sizeof({element});
+  wmma::fragment<wmma::accumulator, 16, 16, 16, {acc}> acc[2][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0);
 
-  auto load = [&](int stage, int k0) {
+  auto load = [&](int stage, int k0) {{
 #pragma unroll
-    for (int c = threadIdx.x; c < BM * BK / 8; c += THREADS) {
-      int row = c / (BK / 8), col = c % (BK / 8) * 8;
+    for (int c = threadIdx.x; c < BM * BK / CHUNK; c += THREADS) {{
+      int row = c / (BK / CHUNK), col = c % (BK / CHUNK) * CHUNK;
       cp_async16(&sA[stage][row][col], gA + (size_t)row * K + k0 + col);
       cp_async16(&sB[stage][row][col], gB + (size_t)row * K + k0 + col);
-    }
+    }}
     asm volatile("cp.async.commit_group;\n");
-  };
+  }};
 
   const int tiles = K / BK;
   load(0, 0);
-  for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
+  for (int t = 0; t < tiles; ++t) {{
+    if (t + 1 < tiles) {{
       load((t + 1) & 1, (t + 1) * BK);
       asm volatile("cp.async.wait_group 1;\n");
-    } else {
+    }} else {{
       asm volatile("cp.async.wait_group 0;\n");
-    }
+    }}
     __syncthreads();
     const int s = t & 1;
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[4];
+    for (int kk = 0; kk < BK; kk += 16) {{
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, {element}, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, {element}, wmma::col_major> fb[4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &sA[s][wm * 32 + i * 16][kk], LD);
 #pragma unroll
@@ -92,23 +94,28 @@ hgemm_tile(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict_
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    }}
     __syncthreads();
-  }
-  float* gC = C + (size_t)(blockIdx.x * BM + wm * 32) * N + blockIdx.y * BN + wn * 64;
+  }}
+  {acc}* gC = C + (size_t)(blockIdx.x * BM + wm * 32) * N + blockIdx.y * BN + wn * 64;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       wmma::store_matrix_sync(gC + (size_t)i * 16 * N + j * 16, acc[i][j], N,
                               wmma::mem_row_major);
-}
+}}
 """
+HGEMM_TILE_CU = _WMMA_TILE_CU.format(name="hgemm_tile", element="__nv_bfloat16", acc="float")
+#: The same tile on s8 operands with int32 sums: IMMA instructions, the subject of the lab's
+#: IMMA control-code edit (attnlab's INT8 GEMM issues IGMMA on Hopper, no IMMA).
+IGEMM_TILE_CU = _WMMA_TILE_CU.format(name="igemm_tile", element="signed char", acc="int")
 
 #: name -> (CUDA source, kernel symbol).
 CUDA_SOURCES = {"vector_add": (VECTOR_ADD_CU, "vector_add"),
                 "gather_sum": (GATHER_SUM_CU, "gather_sum"),
-                "hgemm_tile": (HGEMM_TILE_CU, "hgemm_tile")}
+                "hgemm_tile": (HGEMM_TILE_CU, "hgemm_tile"),
+                "igemm_tile": (IGEMM_TILE_CU, "igemm_tile")}
 
 
 def triton_kernels() -> dict:

@@ -14,7 +14,6 @@ its kernels when it launches them, so its counts come from a GPU run.
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.bench.cubin import INT, POINTER, CubinFunction
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.studies.frontend_sources import CUDA_SOURCES, triton_kernels
 
@@ -148,31 +148,25 @@ def inputs(kernel: str):
 
 def nvcc_call(build: Build) -> Callable[[tuple], object]:
     """Launch the nvcc cubin through the driver API on torch's current stream."""
-    import torch
-    from cuda.bindings import driver
+    kernel = CubinFunction(build.cubin.read_bytes(), CUDA_SOURCES[build.kernel][1])
+    return lambda t: kernel.launch(*cuda_launch(build.kernel, t))
 
-    _, module = driver.cuModuleLoadData(build.cubin.read_bytes())
-    _, function = driver.cuModuleGetFunction(module, CUDA_SOURCES[build.kernel][1].encode())
-    pointer, integer = ctypes.c_void_p, ctypes.c_int
 
-    def launch(t: tuple) -> None:
-        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        if build.kernel == "vector_add":
-            grid = ((t[2].numel() + THREADS - 1) // THREADS, 1)
-            args = ((t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[2].numel()),
-                    (pointer, pointer, pointer, integer))
-        elif build.kernel == "gather_sum":
-            grid = (t[2].numel() // THREADS, 1)
-            args = ((t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[1].numel()),
-                    (pointer, pointer, pointer, integer))
-        else:
-            grid = (GEMM // 128, GEMM // 128)
-            args = ((t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), GEMM, GEMM, GEMM),
-                    (pointer, pointer, pointer, integer, integer, integer))
-        driver.cuLaunchKernel(function, *grid, 1, THREADS, 1, 1, 0, stream, args, 0)
-
-    launch.module = module  # keeps the module loaded while the launcher lives
-    return launch
+def cuda_launch(kernel: str, t: tuple) -> tuple:
+    """``CubinFunction.launch``'s arguments for a CUDA source kernel on ``inputs(kernel)``
+    (the GEMM tiles: square ``t[0]`` and whole tiles)."""
+    if kernel == "vector_add":
+        return (((t[2].numel() + THREADS - 1) // THREADS, 1), THREADS,
+                (t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[2].numel()),
+                (POINTER, POINTER, POINTER, INT))
+    if kernel == "gather_sum":
+        return ((t[2].numel() // THREADS, 1), THREADS,
+                (t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[1].numel()),
+                (POINTER, POINTER, POINTER, INT))
+    size = t[0].shape[0]
+    return ((size // 128, size // 128), THREADS,
+            (t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), size, size, size),
+            (POINTER, POINTER, POINTER, INT, INT, INT))
 
 
 def build_triton(kernel: str, arch: str, folder: Path, tensors: tuple) -> Build:
