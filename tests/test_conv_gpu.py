@@ -12,6 +12,25 @@ from attnlab.conv import conv2d
 pytestmark = pytest.mark.gpu
 
 
+def _case(n, c, hw, k, r, dtype):
+    """Random channels-last ``x``, filters scaled to unit-variance outputs, and a bias."""
+    gen = torch.Generator(device="cuda").manual_seed(c + k)
+    x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype, generator=gen).to(
+        memory_format=torch.channels_last)
+    w = torch.randn(k, c, r, r, device="cuda", dtype=dtype, generator=gen) / (c * r * r) ** 0.5
+    return x, w, torch.randn(k, device="cuda", dtype=dtype, generator=gen)
+
+
+def _assert_matches(out, x, w, bias, stride, padding):
+    """Against ``F.conv2d`` in fp32: shape, channels-last, finite, relative error within the
+    16-bit type's bound."""
+    ref = F.conv2d(x.float(), w.float(), bias.float(), stride=stride, padding=padding)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.isfinite(out).all()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < (8e-3 if x.dtype == torch.bfloat16 else 1.5e-3), err
+
+
 def _poison_allocator(dev: str = "cuda") -> None:
     """Leave NaNs in the blocks torch's caching allocator hands out next, so an output the
     kernel fails to write shows up as NaN instead of an old, plausible value."""
@@ -27,18 +46,10 @@ def _poison_allocator(dev: str = "cuda") -> None:
 def test_conv2d_matches_torch(n, c, hw, k, r, stride, padding, dtype, algorithm):
     if algorithm == "implicit" and c % 64:
         pytest.skip("the implicit GEMM takes channels in multiples of 64 (auto: im2col)")
-    gen = torch.Generator(device="cuda").manual_seed(c + k)
-    x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype, generator=gen).to(
-        memory_format=torch.channels_last)
-    w = torch.randn(k, c, r, r, device="cuda", dtype=dtype, generator=gen) / (c * r * r) ** 0.5
-    bias = torch.randn(k, device="cuda", dtype=dtype, generator=gen)
+    x, w, bias = _case(n, c, hw, k, r, dtype)
     _poison_allocator()
     out = conv2d(x, w, bias, stride=stride, padding=padding, algorithm=algorithm)
-    ref = F.conv2d(x.float(), w.float(), bias.float(), stride=stride, padding=padding)
-    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
-    assert torch.isfinite(out).all()
-    err = ((out.float() - ref).norm() / ref.norm()).item()
-    assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+    _assert_matches(out, x, w, bias, stride, padding)
 
 
 def test_conv2d_auto_picks_implicit_where_it_runs_and_refuses_it_with_the_reason():
@@ -135,17 +146,10 @@ def test_the_mma_sync_implicit_gemm_with_coordinate_tables_matches_torch(
     from attnlab.gemm_config import MmaGemmConfig
 
     config = MmaGemmConfig(block_n=64, warps_n=2, swizzle="xor")
-    gen = torch.Generator(device="cuda").manual_seed(c + k)
-    x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype, generator=gen).to(
-        memory_format=torch.channels_last)
-    w = torch.randn(k, c, r, r, device="cuda", dtype=dtype, generator=gen) / (c * r * r) ** 0.5
-    bias = torch.randn(k, device="cuda", dtype=dtype, generator=gen)
+    x, w, bias = _case(n, c, hw, k, r, dtype)
     _poison_allocator()
     out = conv2d(x, w, bias, stride=stride, padding=padding, algorithm="implicit",
                  config=config)
-    ref = F.conv2d(x.float(), w.float(), bias.float(), stride=stride, padding=padding)
-    assert torch.isfinite(out).all()
-    err = ((out.float() - ref).norm() / ref.norm()).item()
-    assert err < (8e-3 if dtype == torch.bfloat16 else 1.5e-3), err
+    _assert_matches(out, x, w, bias, stride, padding)
     with pytest.raises(ValueError, match="whole tiles"):
         conv2d(x, w[:8], stride=stride, padding=padding, algorithm="implicit", config=config)

@@ -66,6 +66,18 @@ def compile_kernel(kernel: Any, args: tuple, *, arch: str, opt_level: int = 3,
                         options=options)
 
 
+def compile_vector_kernel(kernel: Any, element_types: tuple, *, arch: str,
+                          dump_dir: str | Path | None = None) -> Any:
+    """:func:`compile_kernel` of a kernel whose arguments are 1-D vectors of
+    ``element_types`` (unit stride, 4-byte aligned; the studies' gather and vector add)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    vectors = tuple(make_fake_tensor(t, (cute.sym_int(),), stride=(1,), assumed_align=4)
+                    for t in element_types)
+    return compile_kernel(kernel, vectors, arch=arch, dump_dir=dump_dir)
+
+
 def compile_forward(spec: ForwardSpec, dump_dir: str | Path | None = None) -> Any:
     """The forward kernel of ``spec``, compiled (see :func:`compile_kernel`).
 

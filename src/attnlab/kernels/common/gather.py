@@ -34,13 +34,7 @@ class Gather:
 def compile_gather(arch: str, dump_dir=None):
     """The gather kernel compiled for ``arch`` (TVM-FFI; called with torch tensors); with
     ``dump_dir`` its cubin is written there too."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
+    from attnlab.jit import compile_vector_kernel
 
-    from attnlab.jit import compile_kernel
-
-    def vector(dtype):
-        return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=4)
-
-    return compile_kernel(Gather(), (vector(cutlass.Float32), vector(cutlass.Int32),
-                                     vector(cutlass.Float32)), arch=arch, dump_dir=dump_dir)
+    return compile_vector_kernel(Gather(), (cutlass.Float32, cutlass.Int32, cutlass.Float32),
+                                 arch=arch, dump_dir=dump_dir)

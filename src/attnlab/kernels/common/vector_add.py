@@ -28,13 +28,7 @@ class VectorAdd:
 def compile_vector_add(arch: str, dump_dir=None):
     """The kernel compiled for ``arch`` (TVM-FFI; called with torch tensors); with
     ``dump_dir`` its cubin is written there too."""
-    from cutlass.cute.runtime import make_fake_tensor
+    from attnlab.jit import compile_vector_kernel
 
-    from attnlab.jit import compile_kernel
-
-    def vector():
-        return make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
-                                assumed_align=4)
-
-    return compile_kernel(VectorAdd(), (vector(), vector(), vector()), arch=arch,
-                          dump_dir=dump_dir)
+    return compile_vector_kernel(VectorAdd(), (cutlass.Float32,) * 3, arch=arch,
+                                 dump_dir=dump_dir)
