@@ -71,6 +71,16 @@ def test_conv_refuses_mismatches_and_empty_outputs():
         conv2d(x, w.requires_grad_())
 
 
+def test_plan_label_says_which_step_runs_a_call():
+    from attnlab.conv.api import plan_label
+
+    x, w = _inputs()
+    # No GPU here: the implicit GEMM is refused, auto falls back to im2col.
+    assert plan_label(x, w) == plan_label(x, w, algorithm="im2col") == "im2col"
+    with pytest.raises(ValueError, match="CUDA device"):
+        plan_label(x, w, algorithm="implicit")
+
+
 def test_conv2d_composes_im2col_the_gemm_and_the_bias(monkeypatch):
     """The whole call on the CPU, torch's product standing in for the GPU GEMM: shape,
     channels-last result, bias, stride 2."""

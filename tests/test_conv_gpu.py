@@ -62,6 +62,11 @@ def test_conv2d_auto_picks_implicit_where_it_runs_and_refuses_it_with_the_reason
     ref = F.conv2d(x.float(), w.float(), padding=1)
     out = conv2d(x, w)  # auto: im2col here
     assert ((out.float() - ref).norm() / ref.norm()).item() < 8e-3
+    from attnlab.conv.api import plan_label
+
+    assert plan_label(x, w) == "im2col"
+    big, filters, _ = _case(4, 320, 64, 320, 3, torch.bfloat16)
+    assert plan_label(big, filters) == "implicit 128x160x64 s1"  # the conv dispatch's tile
 
 
 def _image(n, c, hw, dtype, seed, scale=1.0, shift=0.0):

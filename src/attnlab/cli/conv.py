@@ -25,6 +25,11 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
         sd_unet_points,
     )
     from attnlab.bench.gemm import measure_gemm
+    from attnlab.conv.api import plan_label
+
+    def conv_plan(point) -> str:
+        x, w, _, stride, padding = conv_sets(point, 0)[0]
+        return plan_label(x, w, stride, padding)
 
     points = [p for dtype in parse_dtypes(dtypes) for p in sd_unet_points(dtype=dtype)]
     require_gpu()
@@ -40,16 +45,16 @@ def bench_conv(dtypes: str, runs: int, out: Path) -> None:
                         "(direct FFMA, im2col + GEMM); "
                         "ratio to cuDNN (F.conv2d, channels-last) in the same run",
                   title_justify="left")
-    for column in ("shape", "dtype", "cudnn", "direct", "im2col", "attnlab", "ratio",
+    for column in ("shape", "dtype", "plan", "cudnn", "direct", "im2col", "attnlab", "ratio",
                    "device ratio"):
-        table.add_column(column, justify="left" if column == "shape" else "right")
+        table.add_column(column, justify="left" if column in ("shape", "plan") else "right")
     for point in points:
         mine = {r.impl: r for r in results if r.point == point}
         ours, peer = mine["attnlab"], mine["cudnn"]
         cells = [f"{r.tflops:.1f} ({r.device_tflops:.1f})" if r.tflops else
                  (r.error or "-")[:40] for r in (peer, mine["direct"], mine["im2col"], ours)]
         ok = ours.tflops and peer.tflops
-        table.add_row(point.label(), point.dtype, *cells,
+        table.add_row(point.label(), point.dtype, conv_plan(point), *cells,
                       f"{ours.tflops / peer.tflops:.2f}x" if ok else "-",
                       f"{ours.device_tflops / peer.device_tflops:.2f}x" if ok else "-")
     console.print(table)

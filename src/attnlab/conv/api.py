@@ -187,6 +187,15 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
 _calls: dict[tuple, Callable] = {}
 
 
+def plan_label(x: torch.Tensor, w: torch.Tensor, stride: int | tuple[int, int] = 1,
+               padding: int | tuple[int, int] = 1, *, algorithm: str = "auto",
+               config: GemmConfig | MmaGemmConfig | None = None) -> str:
+    """How ``conv2d`` runs this call: ``"implicit 128x160x64 s1"`` (the tile and split
+    count), ``"implicit mma 128x64x32"``, ``"im2col"`` or ``"direct"`` (validates, as a call
+    would; builds nothing more than the call's first run does)."""
+    return _plan(x, w, None, stride, padding, algorithm, config).label
+
+
 def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
           stride: int | tuple[int, int], padding: int | tuple[int, int], algorithm: str,
           config: GemmConfig | MmaGemmConfig | None) -> Callable:
@@ -218,6 +227,7 @@ def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             direct(x.permute(0, 2, 3, 1), _filters(w), out, *stride_hw, *padding_hw)
             return _with_bias(out, bias)
 
+        run_direct.label = "direct"
         return run_direct
 
     def run_im2col(x, w, bias):
@@ -225,6 +235,7 @@ def _plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         out = matmul(cols, _filters(w).view(k, r * s * c).t()).view(out_shape)
         return _with_bias(out, bias)
 
+    run_im2col.label = "im2col"
     return run_im2col
 
 
@@ -261,6 +272,7 @@ class _ImplicitConv:
         if self.bias_after:
             self.split, self.splits, self.num_ctas = "none", 1, 1
             spec = ImplicitConvSpec(config, info.arch, dtype, r, s, *stride, *padding)
+            self.label = f"implicit mma {config.block_m}x{config.block_n}x{config.block_k}"
         else:
             p = plan(self.pixels, k, r * s * c, info.multiprocessors, config, in_dtype=dtype,
                      out_dtype=dtype, tiles=CONV_TILES)
@@ -270,6 +282,8 @@ class _ImplicitConv:
                              * math.ceil(k / p.config.block_n) * p.config.num_consumers)
             spec = ImplicitConvSpec(binary_config(p.config), info.arch, dtype, r, s, *stride,
                                     *padding, self.split, has_bias)
+            cfg = p.config
+            self.label = f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{p.splits}"
         self.kernel = kernel_cache.get(spec).fn
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
