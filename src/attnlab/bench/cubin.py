@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import ctypes
 
-#: Argument kinds of ``CubinFunction.launch``: a device pointer, a 32-bit int.
-POINTER, INT = ctypes.c_void_p, ctypes.c_int
+#: Argument kinds of ``CubinFunction.launch``: a device pointer, a 32-bit int, an fp32.
+POINTER, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class CubinFunction:
-    """One kernel of a cubin, loaded into the current CUDA context."""
+    """One kernel of a cubin, loaded into the current CUDA context; ``shared_bytes`` of
+    dynamic shared memory a launch (allowed past the default 48 KiB)."""
 
-    def __init__(self, cubin: bytes, symbol: str):
+    def __init__(self, cubin: bytes, symbol: str, shared_bytes: int = 0):
         from cuda.bindings import driver
 
         err, self.module = driver.cuModuleLoadData(cubin)
@@ -22,6 +23,12 @@ class CubinFunction:
         err, self.function = driver.cuModuleGetFunction(self.module, symbol.encode())
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"no kernel {symbol!r} in the cubin: {err}")
+        self.shared_bytes = shared_bytes
+        if shared_bytes > 48 * 1024:
+            attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            (err,) = driver.cuFuncSetAttribute(self.function, attribute, shared_bytes)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"{shared_bytes} bytes of shared memory refused: {err}")
 
     def launch(self, grid: tuple[int, int], block: int, args: tuple, kinds: tuple) -> None:
         """``grid`` x ``block`` threads on torch's current stream; ``args`` are ints (device
@@ -30,7 +37,7 @@ class CubinFunction:
         from cuda.bindings import driver
 
         stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        (err,) = driver.cuLaunchKernel(self.function, *grid, 1, block, 1, 1, 0, stream,
-                                       (args, kinds), 0)
+        (err,) = driver.cuLaunchKernel(self.function, *grid, 1, block, 1, 1,
+                                       self.shared_bytes, stream, (args, kinds), 0)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernel failed: {err}")

@@ -7,7 +7,9 @@ Each kernel does what its CuTe DSL counterpart does, in the same shape:
 sums ``data[index[i]]`` over a grid-stride walk); ``hgemm_tile`` a 128 x 128 x 32 bf16 tile
 over 8 warps (4 x 2), both operands K-major, cp.async double buffering into padded shared
 memory (+8 halves a row), fp32 C: the ``mma.sync`` ladder kernel's ``MmaGemmConfig`` at
-those knobs (CUDA through the WMMA API, Triton through ``tl.dot``).
+those knobs (CUDA through the WMMA API, Triton through ``tl.dot``); ``attention_tile``
+FlashAttention-2's forward at head dim 64 with 64 x 64 tiles over 4 warps (the attention
+ladder's k02 shape; CUDA through WMMA with O in shared memory, Triton through ``tl.dot``).
 """
 
 VECTOR_ADD_CU = r"""
@@ -111,11 +113,117 @@ HGEMM_TILE_CU = _WMMA_TILE_CU.format(name="hgemm_tile", element="__nv_bfloat16",
 #: IMMA control-code edit (attnlab's INT8 GEMM issues IGMMA on Hopper, no IMMA).
 IGEMM_TILE_CU = _WMMA_TILE_CU.format(name="igemm_tile", element="signed char", acc="int")
 
+ATTENTION_TILE_CU = r"""
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+
+// FlashAttention-2's forward for head dim 64: a CTA of 4 warps takes 64 query rows (16 a
+// warp), walks the keys 64 at a time, S = Q K^T and O += P V by WMMA, the online softmax per
+// row in fp32 (two lanes a row), O kept in shared memory (WMMA hides the accumulator's
+// layout, so its rows are rescaled there). q, k, v, o: [B, S, H, 64] bf16, S a multiple of 64.
+constexpr int D = 64, BR = 64, BC = 64, LDH = D + 8, LDF = BC + 4, THREADS = 128;
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+attention_tile(const __nv_bfloat16* __restrict__ Q, const __nv_bfloat16* __restrict__ K,
+               const __nv_bfloat16* __restrict__ V, __nv_bfloat16* __restrict__ O,
+               int S, int H, float scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto sQ = reinterpret_cast<__nv_bfloat16 (*)[LDH]>(smem);  // Q, then each warp's P rows
+  auto sK = reinterpret_cast<__nv_bfloat16 (*)[LDH]>(smem + BR * LDH * 2);
+  auto sV = reinterpret_cast<__nv_bfloat16 (*)[LDH]>(smem + (BR + BC) * LDH * 2);
+  auto sS = reinterpret_cast<float (*)[LDF]>(smem + (BR + 2 * BC) * LDH * 2);
+  auto sO = reinterpret_cast<float (*)[LDF]>(smem + (BR + 2 * BC) * LDH * 2 + BR * LDF * 4);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = warp * 16 + lane / 2, half = lane % 2;  // this lane's half of a row
+  const int b = blockIdx.y / H, h = blockIdx.y % H, q0 = blockIdx.x * BR;
+  const size_t stride = (size_t)H * D, base = (size_t)b * S * stride + h * D;
+
+  for (int c = threadIdx.x; c < BR * D / 8; c += THREADS) {
+    int r = c / (D / 8), col = c % (D / 8) * 8;
+    *reinterpret_cast<int4*>(&sQ[r][col]) =
+        *reinterpret_cast<const int4*>(Q + base + (q0 + r) * stride + col);
+  }
+  for (int i = threadIdx.x; i < BR * LDF; i += THREADS) (&sO[0][0])[i] = 0.f;
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq[D / 16];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(fq[kk], &sQ[warp * 16][kk * 16], LDH);
+  float m = -INFINITY, l = 0.f;
+
+  for (int k0 = 0; k0 < S; k0 += BC) {
+    __syncthreads();  // every warp is done with the previous K and V
+    for (int c = threadIdx.x; c < BC * D / 8; c += THREADS) {
+      int r = c / (D / 8), col = c % (D / 8) * 8;
+      *reinterpret_cast<int4*>(&sK[r][col]) =
+          *reinterpret_cast<const int4*>(K + base + (k0 + r) * stride + col);
+      *reinterpret_cast<int4*>(&sV[r][col]) =
+          *reinterpret_cast<const int4*>(V + base + (k0 + r) * stride + col);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < BC / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> fs;
+      wmma::fill_fragment(fs, 0.f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fk;
+        wmma::load_matrix_sync(fk, &sK[j * 16][kk * 16], LDH);
+        wmma::mma_sync(fs, fq[kk], fk, fs);
+      }
+      wmma::store_matrix_sync(&sS[warp * 16][j * 16], fs, LDF, wmma::mem_row_major);
+    }
+    __syncwarp();
+    const float* s_row = &sS[row][half * 32];
+    float top = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) top = fmaxf(top, s_row[c]);
+    top = fmaxf(top, __shfl_xor_sync(0xffffffff, top, 1));
+    const float m_new = fmaxf(m, top * scale_log2), alpha = exp2f(m - m_new);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      float p = exp2f(s_row[c] * scale_log2 - m_new);
+      sQ[row][half * 32 + c] = __float2bfloat16(p);
+      sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    l = l * alpha + sum;
+    m = m_new;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) sO[row][half * 32 + c] *= alpha;
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> fo;
+      wmma::load_matrix_sync(fo, &sO[warp * 16][j * 16], LDF, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;
+        wmma::load_matrix_sync(fp, &sQ[warp * 16][kk * 16], LDH);
+        wmma::load_matrix_sync(fv, &sV[kk * 16][j * 16], LDH);
+        wmma::mma_sync(fo, fp, fv, fo);
+      }
+      wmma::store_matrix_sync(&sO[warp * 16][j * 16], fo, LDF, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  const float inv = 1.f / l;
+  __nv_bfloat16* o_row = O + base + (q0 + row) * stride + half * 32;
+#pragma unroll
+  for (int c = 0; c < 32; ++c) o_row[c] = __float2bfloat16(sO[row][half * 32 + c] * inv);
+}
+"""
+#: Dynamic shared memory of ``attention_tile`` (above the 48 KiB a launch gets by default).
+ATTENTION_TILE_SMEM = (64 + 2 * 64) * 72 * 2 + 2 * 64 * 68 * 4
+
 #: name -> (CUDA source, kernel symbol).
 CUDA_SOURCES = {"vector_add": (VECTOR_ADD_CU, "vector_add"),
                 "gather_sum": (GATHER_SUM_CU, "gather_sum"),
                 "hgemm_tile": (HGEMM_TILE_CU, "hgemm_tile"),
-                "igemm_tile": (IGEMM_TILE_CU, "igemm_tile")}
+                "igemm_tile": (IGEMM_TILE_CU, "igemm_tile"),
+                "attention_tile": (ATTENTION_TILE_CU, "attention_tile")}
 
 
 def triton_kernels() -> dict:
@@ -152,4 +260,31 @@ def triton_kernels() -> dict:
             acc += tl.dot(a, tl.trans(b))
         tl.store(C + rows[:, None] * N + cols[None, :], acc)
 
-    return {"vector_add": vector_add, "gather_sum": gather_sum, "hgemm_tile": hgemm_tile}
+    @triton.jit
+    def attention_tile(Q, K, V, O, S, H, scale_log2, D: tl.constexpr, BR: tl.constexpr,
+                       BC: tl.constexpr):
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        batch, head = tl.program_id(1) // H, tl.program_id(1) % H
+        stride = H * D
+        base = batch * S * stride + head * D
+        cols = tl.arange(0, D)
+        q = tl.load(Q + base + rows[:, None] * stride + cols[None, :])
+        m = tl.full([BR], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BR], dtype=tl.float32)
+        acc = tl.zeros([BR, D], dtype=tl.float32)
+        for k0 in range(0, S, BC):
+            keys = k0 + tl.arange(0, BC)
+            k = tl.load(K + base + keys[:, None] * stride + cols[None, :])
+            v = tl.load(V + base + keys[:, None] * stride + cols[None, :])
+            s = tl.dot(q, tl.trans(k)) * scale_log2
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m - m_new)
+            total = total * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+            m = m_new
+        tl.store(O + base + rows[:, None] * stride + cols[None, :],
+                 (acc / total[:, None]).to(tl.bfloat16))
+
+    return {"vector_add": vector_add, "gather_sum": gather_sum, "hgemm_tile": hgemm_tile,
+            "attention_tile": attention_tile}

@@ -5,15 +5,17 @@ spills, build time, and with a GPU the time per call.
 
 The lab compared Rust -> PTX (cuda-oxide) with nvcc on a vector add and found 2x the SASS (three
 bounds checks, an ``Option`` round trip, 64-bit indexing) at a 100x cold build. Here the
-kernels are a vector add, the cymatic study's gather-sum and one ``mma.sync`` HGEMM tile
-(``studies/frontend_sources.py`` holds the CUDA and Triton versions; the CuTe DSL ones are
-``kernels/common/vector_add.py``, ``kernels/common/gather.py`` and the GEMM ladder kernel at
-the same knobs). Static counts need no GPU for the CuTe DSL and nvcc builds; Triton builds
-its kernels when it launches them, so its counts come from a GPU run.
+kernels are a vector add, the cymatic study's gather-sum, one ``mma.sync`` HGEMM tile and a
+FlashAttention-2 forward tile (``studies/frontend_sources.py`` holds the CUDA and Triton
+versions; the CuTe DSL ones are ``kernels/common/vector_add.py``, ``kernels/common/gather.py``,
+the GEMM ladder kernel at the same knobs and the attention ladder's k02). Static counts need
+no GPU for the CuTe DSL and nvcc builds; Triton builds its kernels when it launches them, so
+its counts come from a GPU run.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import tempfile
 import time
@@ -21,22 +23,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.bench.cubin import INT, POINTER, CubinFunction
+from attnlab.bench.cubin import FLOAT, INT, POINTER, CubinFunction
 from attnlab.gemm_config import MmaGemmConfig
-from attnlab.studies.frontend_sources import CUDA_SOURCES, triton_kernels
+from attnlab.studies.frontend_sources import ATTENTION_TILE_SMEM, CUDA_SOURCES, triton_kernels
 
 FRONTENDS = ("cute", "nvcc", "triton")
-KERNELS = ("vector_add", "gather_sum", "hgemm_tile")
+KERNELS = ("vector_add", "gather_sum", "hgemm_tile", "attention_tile")
 #: The CuTe DSL HGEMM tile the CUDA and Triton ones mirror: 128 x 128 x 32 over 4 x 2 warps,
 #: cp.async double buffering, +8 halves of padding a row, fp32 C.
 HGEMM_CONFIG = MmaGemmConfig(block_m=128, block_n=128, block_k=32, warps_m=4, warps_n=2,
                              stages=2, swizzle="pad8")
+#: The attention tile's CuTe DSL counterpart: the attention ladder's k02 (64 x 64 tiles, 4
+#: warps, cp.async, XOR-swizzled shared memory) at head dim 64.
+ATTENTION_CONFIG = "k02"
 THREADS = 256
 #: Problem sizes of the timed run: vectors of 64 M floats (768 MB moved by the add), a gather
-#: of 16 M random indices into 64 M floats, and a 4096^3 bf16 GEMM.
+#: of 16 M random indices into 64 M floats, a 4096^3 bf16 GEMM, attention over B = 4, 16
+#: heads of 64, 4096 tokens.
 VECTOR = 1 << 26
 GATHERS = 1 << 24
 GEMM = 4096
+ATTENTION = (4, 4096, 16, 64)
 
 
 @dataclass
@@ -107,17 +114,31 @@ def build_cute(kernel: str, arch: str, folder: Path) -> Build:
         from attnlab.kernels.common.gather import compile_gather
 
         fn = compile_gather(arch, dump)
-    else:
+    elif kernel == "hgemm_tile":
         from attnlab.jit import compile_spec
         from attnlab.kernels.gemm.abi import GemmSpec
 
         fn = compile_spec(GemmSpec(HGEMM_CONFIG, arch, "bfloat16", "float32", "k", "k"), dump)
+    else:
+        from attnlab.jit import compile_spec
+        from attnlab.kernels.abi import ForwardSpec
+        from attnlab.ladder import resolve
+
+        fn = compile_spec(ForwardSpec(resolve(ATTENTION_CONFIG), arch, "bfloat16",
+                                      ATTENTION[3], False), dump)
     seconds = time.perf_counter() - start
     return Build(kernel, "cute", arch, dumped_binary(dump)[0], seconds, call=_cute_call(kernel,
                                                                                        fn))
 
 
 def _cute_call(kernel: str, fn) -> Callable[[tuple], object]:
+    if kernel == "attention_tile":
+        from attnlab import attention
+        from attnlab.ladder import resolve
+
+        config = resolve(ATTENTION_CONFIG)
+        return lambda t: attention(t[0], t[1], t[2], softmax_scale=ATTENTION[3] ** -0.5,
+                                   out=t[3], config=config)
     if kernel == "hgemm_tile":
         return lambda t: fn(t[0], t[1].t(), t[2], None, None, None, None, None, None, None, 1,
                             (GEMM // 128) ** 2)
@@ -141,6 +162,11 @@ def inputs(kernel: str):
                               dtype=torch.int32)
         threads = device.info(data.device).multiprocessors * 8 * THREADS
         return (data, index, torch.empty(threads, device="cuda")), 8.0 * GATHERS
+    if kernel == "attention_tile":
+        batch, tokens, heads, dim = ATTENTION
+        q, k, v = (torch.randn(ATTENTION, device="cuda", generator=gen, dtype=torch.bfloat16)
+                   for _ in range(3))
+        return (q, k, v, torch.empty_like(q)), 4.0 * batch * heads * tokens ** 2 * dim
     a, b = (torch.randn(GEMM, GEMM, device="cuda", generator=gen, dtype=torch.bfloat16)
             for _ in range(2))
     return (a, b, torch.empty(GEMM, GEMM, device="cuda")), 2.0 * GEMM ** 3
@@ -148,7 +174,8 @@ def inputs(kernel: str):
 
 def nvcc_call(build: Build) -> Callable[[tuple], object]:
     """Launch the nvcc cubin through the driver API on torch's current stream."""
-    kernel = CubinFunction(build.cubin.read_bytes(), CUDA_SOURCES[build.kernel][1])
+    shared = ATTENTION_TILE_SMEM if build.kernel == "attention_tile" else 0
+    kernel = CubinFunction(build.cubin.read_bytes(), CUDA_SOURCES[build.kernel][1], shared)
     return lambda t: kernel.launch(*cuda_launch(build.kernel, t))
 
 
@@ -163,6 +190,11 @@ def cuda_launch(kernel: str, t: tuple) -> tuple:
         return ((t[2].numel() // THREADS, 1), THREADS,
                 (t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[1].numel()),
                 (POINTER, POINTER, POINTER, INT))
+    if kernel == "attention_tile":
+        batch, tokens, heads, dim = t[0].shape
+        return ((tokens // 64, batch * heads), 128,
+                (*(x.data_ptr() for x in t), tokens, heads, dim ** -0.5 * math.log2(math.e)),
+                (POINTER, POINTER, POINTER, POINTER, INT, INT, FLOAT))
     size = t[0].shape[0]
     return ((size // 128, size // 128), THREADS,
             (t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), size, size, size),
@@ -184,6 +216,11 @@ def build_triton(kernel: str, arch: str, folder: Path, tensors: tuple) -> Build:
         if kernel == "gather_sum":
             return fn[(t[2].numel() // THREADS,)](*t, t[1].numel(), t[2].numel(),
                                                   BLOCK=THREADS)
+        if kernel == "attention_tile":
+            batch, tokens, heads, dim = t[0].shape
+            return fn[(tokens // 64, batch * heads)](
+                *t, tokens, heads, dim ** -0.5 * math.log2(math.e), D=dim, BR=64, BC=64,
+                num_warps=4)
         return fn[(GEMM // 128, GEMM // 128)](t[0], t[1], t[2], GEMM, GEMM, GEMM, BM=128,
                                               BN=128, BK=32, num_warps=8, num_stages=2)
 
@@ -236,11 +273,12 @@ def _time(builds: list[Build], rows: list[dict[str, object]], tensors: tuple, wo
 
     callable_builds = {b.frontend: b for b in builds if b.call is not None}
     outputs = {}
+    out = tensors[-1]
     for name, build in callable_builds.items():
-        tensors[2].fill_(float("nan"))
+        out.fill_(float("nan"))
         build.call(tensors)
         torch.cuda.synchronize()
-        outputs[name] = tensors[2].clone()
+        outputs[name] = out.clone()
     samples = sample_interleaved({name: (lambda i, b=b: b.call(tensors))
                                   for name, b in callable_builds.items()}, runs=runs)
     reference = outputs.get("cute")
@@ -250,7 +288,8 @@ def _time(builds: list[Build], rows: list[dict[str, object]], tensors: tuple, wo
             continue
         ms = summarize(samples[name]).median_ms
         row["ms"] = ms
-        row["rate"] = work / (ms * 1e-3) / (1e12 if row["kernel"] == "hgemm_tile" else 1e9)
+        flops = row["kernel"] in ("hgemm_tile", "attention_tile")
+        row["rate"] = work / (ms * 1e-3) / (1e12 if flops else 1e9)
         if reference is not None:
             diff = (outputs[name].float() - reference.float()).abs()
             row["max_abs_diff"] = float(diff.max()) if torch.isfinite(diff).all() else None
