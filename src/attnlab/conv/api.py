@@ -22,7 +22,7 @@ from attnlab.gemm import matmul
 from attnlab.gemm.api import refuse_autograd, tile_counters
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
-from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec
+from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec, output_size
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
 from attnlab.runtime import remember
 
@@ -37,10 +37,6 @@ def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
     return pair  # type: ignore[return-value]
-
-
-def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - kernel) // stride + 1
 
 
 def im2col(x_nhwc: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],

@@ -11,6 +11,13 @@ from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, fake_gemm_args
 
+
+def output_size(size, kernel: int, stride: int, padding: int):
+    """Output rows (or columns) of a convolution along one image axis (ints on the host,
+    the DSL's integers in a kernel)."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
 #: Widest channel group the GroupNorm kernels take (a thread's group row is unrolled).
 MAX_GROUP_WIDTH = 64
 #: Threads of a GroupNorm CTA (a chunk holds at least one pixel per thread).

@@ -27,14 +27,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from attnlab.kernels.conv.abi import ImplicitConvSpec
+from attnlab.kernels.conv.abi import ImplicitConvSpec, output_size
 from attnlab.kernels.gemm.sm80 import HgemmSm80
 from attnlab.kernels.gemm.sm90 import HgemmSm90
-
-
-def output_size(size, kernel: int, stride: int, padding: int):
-    """Output rows (or columns) of a convolution along one image axis."""
-    return (size + 2 * padding - kernel) // stride + 1
 
 
 class ImplicitConvSm80(HgemmSm80):
