@@ -20,15 +20,25 @@ from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
-from attnlab.config import FlashConfig
+from attnlab.config import L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import default_for
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
 #: ``{}`` is the default itself.
+_PERSISTENT = {"persistent": True}
+_HEAD_ORDER = {"persistent": True, "lpt": False, "l2_section_mb": L2_SECTION_MB}
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {
-    head_dim: {"default": {}} for head_dim in (64, 128, 192, 256)}
+    32: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
+    64: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER,
+         "m128_persistent_head_order": {"block_m": 128, "num_warps": 8, **_HEAD_ORDER}},
+    96: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
+    128: {"default": {}, "ring2_persistent": {"kv_stages": 2, **_PERSISTENT}},
+    192: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
+    256: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER,
+          "bc64_persistent_head_order": {"block_n": 64, "fence_p": False, **_HEAD_ORDER}},
+}
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:

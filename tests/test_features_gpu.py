@@ -412,6 +412,31 @@ def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
     check_dense(q, k, v, window=(-1, 0), config=config)
 
 
+@pytest.mark.parametrize("head_dim,knobs", [(64, {}), (128, {}), (128, {"kv_stages": 2}),
+                                            (256, {})],
+                         ids=["hd64", "hd128-o-in-q", "hd128-o-apart", "hd256"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_wgmma_persistent(head_dim, knobs, window):
+    """The wgmma kernel on a persistent grid: more tiles than CTAs (each CTA walks several, Q's
+    barriers and the K/V ring running on across them, the masked tiles of different lengths),
+    O staged in Q's tile or its own (``stages_o_apart``), tails in both sequences, GQA,
+    fewer tiles than CTAs, and packed sequences with empty ones."""
+    from attnlab import runtime
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        persistent=True, **knobs)
+    q, k, v = dense_inputs(2, 1999, 2011, 16, 4, head_dim, torch.bfloat16, seed=head_dim)
+    problem = describe(q, k, head_dim**-0.5, window)
+    launch = runtime.launch_for(q, k, v, None, problem, config, with_lse=True)
+    assert launch.num_ctas < 2 * -(-1999 // config.block_m) * 16
+    check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 100, 333, 2, 1, head_dim, torch.bfloat16, seed=head_dim + 1)
+    check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.bfloat16, config, head_dim)
+
+
 @pytest.mark.parametrize("kernel", ["mma_sync", "mma_sync_persistent", "wgmma"])
 @pytest.mark.parametrize("window", [(-1, 0), (64, 0)], ids=["causal", "win"])
 def test_longest_first_over_l2_sections(kernel, window):

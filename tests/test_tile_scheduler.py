@@ -9,6 +9,8 @@ from attnlab.kernels.common.tile_scheduler import (
     TileScheduler,
     heads_per_section,
     longest_first,
+    snake_count,
+    snake_tile,
 )
 
 
@@ -22,12 +24,29 @@ def every_tile(m_blocks: int, seqs: int, heads: int) -> list[tuple[int, int, int
        ctas=st.integers(1, 12))
 def test_persistent_ctas_take_every_tile_once(m_blocks, seqs, heads, windowed, lpt, section,
                                               ctas):
-    """CTA c takes tiles c, c + ctas, ...: together every (m_block, seq, head) exactly once."""
+    """The CTAs' snake over the waves takes every (m_block, seq, head) exactly once, each
+    wave's tiles in increasing order over the CTAs when even and decreasing when odd."""
     scheduler = TileScheduler(m_blocks, seqs, heads, persistent=True, windowed=windowed,
                               lpt=lpt, section=section)
     total = scheduler.num_tiles()
-    taken = [scheduler.coords(t) for c in range(ctas) for t in range(c, total, ctas)]
+    walks = [[snake_tile(c, ctas, w) for w in range(snake_count(c, ctas, total))]
+             for c in range(ctas)]
+    assert sorted(t for walk in walks for t in walk) == list(range(total))
+    for c, walk in enumerate(walks):
+        assert walk == sorted(walk) and all(t // ctas == w for w, t in enumerate(walk))
+        assert all(t % ctas == (c if w % 2 == 0 else ctas - 1 - c) for w, t in enumerate(walk))
+    taken = [scheduler.coords(t) for walk in walks for t in walk]
     assert sorted(taken) == every_tile(m_blocks, seqs, heads)
+
+
+def test_snake_balances_tiles_sorted_longest_first():
+    """Tiles of lengths falling through each wave: the snake's busiest CTA does less than a
+    fixed stride's (CTA 0 would take the longest of every wave)."""
+    ctas, lengths = 4, list(range(64, 0, -1))
+    stride = max(sum(lengths[c::ctas]) for c in range(ctas))
+    snake = max(sum(lengths[snake_tile(c, ctas, w)] for w in range(snake_count(c, ctas, 64)))
+                for c in range(ctas))
+    assert snake < stride and snake - sum(lengths) / ctas <= ctas
 
 
 @given(m_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),

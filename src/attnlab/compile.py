@@ -83,7 +83,10 @@ def compile_spec(spec: ForwardSpec | BackwardSpec | PreprocessSpec | GemmSpec | 
     head_dim = getattr(spec, "head_dim", 0)
     if config is not None:
         config.check_problem(head_dim, spec.arch)
-    folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR
+    from attnlab.kernel_cache import fingerprint
+
+    # By default under the sources' fingerprint: an edited kernel is compiled again.
+    folder = Path(out_dir) if out_dir is not None else DEFAULT_ARTIFACT_DIR / fingerprint()
     folder.mkdir(parents=True, exist_ok=True)
     kind = {BackwardSpec: "bwd", PreprocessSpec: "pre", GemmSpec: "gemm",
             ReduceSpec: "reduce"}.get(type(spec), "fwd")

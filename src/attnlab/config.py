@@ -98,7 +98,13 @@ class FlashConfig:
             row's elements per thread (block_n / 4), where it is a full tree.
         persistent: launch one CTA per resident slot (SMs x CTAs per SM, from the occupancy
             model on the compiled kernel's registers and shared memory) and let each loop over
-            output tiles (the GA104 lab's persistent grid), instead of one CTA per tile.
+            output tiles (the GA104 lab's persistent grid), instead of one CTA per tile. The
+            walk goes wave by wave, alternately forwards and backwards over the CTAs, so
+            that with tiles longest first no CTA takes the longest of every wave. With
+            ``wgmma`` the K/V ring and Q's barriers run on from tile to tile: the producer
+            loads the next tile's first K/V blocks, and its Q once the consumers are done with
+            this one's (``stages_o_apart``: O staged in a tile of its own, so Q is free when
+            the last S = Q K^T has run), while the consumers finish and store this tile.
         tma_kv_loads: load each K and V tile with one TMA bulk-tensor copy
             (``cp.async.bulk.tensor``, sm_90+) issued by one thread and completed on an
             mbarrier, instead of 16-byte ``cp.async`` copies by every thread. The copy's
@@ -282,12 +288,11 @@ class FlashConfig:
             raise ConfigError("pingpong takes turns between consumer warpgroups: it needs two "
                               "or three (num_warps 8 or 12), got one")
         unsupported = [name for name in ("reverse_kv", "peel_first_kv_block", "d_head_tile",
-                                         "persistent", "static_strides", "interleave_softmax")
+                                         "static_strides", "interleave_softmax")
                        if getattr(self, name)]
         if unsupported:
             raise ConfigError(f"wgmma does not implement {', '.join(unsupported)} (kernel 10/13/"
-                              "15/16, the persistent grid and the sliced softmax are knobs of "
-                              "the mma.sync kernel)")
+                              "15/16 and the sliced softmax are knobs of the mma.sync kernel)")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -318,7 +323,7 @@ class FlashConfig:
             if self.fused_softmax:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
-                                        "rescale_o_before_pv")
+                                        "rescale_o_before_pv", "persistent")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
@@ -410,6 +415,18 @@ class FlashConfig:
         return head_dim + (8 if self.swizzle == "pad8" else 0)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """Shared memory of one CTA: a Q tile and ``kv_stages`` K and V tiles."""
+        """Shared memory of one CTA: a Q tile and ``kv_stages`` K and V tiles, and O's own
+        tile where ``stages_o_apart``."""
         rows = self.block_m + 2 * self.block_n * self.kv_stages
+        if self.stages_o_apart(head_dim, elem_bytes):
+            rows += self.block_m
         return rows * self.smem_row_elems(head_dim) * elem_bytes
+
+    def stages_o_apart(self, head_dim: int, elem_bytes: int = 2) -> bool:
+        """Whether a persistent ``wgmma`` CTA stages O in a tile of its own, where shared
+        memory has room for it (beside the barriers), instead of in Q's: then the next
+        tile's Q loads while this tile's O is stored."""
+        if not (self.wgmma and self.persistent):
+            return False
+        rows = 2 * self.block_m + 2 * self.block_n * self.kv_stages
+        return rows * head_dim * elem_bytes <= SMEM_CAPACITY["sm_90a"] - 1024

@@ -126,15 +126,21 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: The Hopper ladder (``attnlab ladder --family sm90``): from the first warpgroup-MMA kernel to
 #: the sm_90a default, one technique per step (docs/ladder.md, "The Hopper ladder"). A third
 #: K/V stage; FA3's intra-warpgroup overlap (S of block j issued with P V of block j-1); its
-#: ping-pong of the consumer warpgroups; then a third consumer warpgroup (B_r = 192), which
-#: the default takes at hd32/hd64 without a mask (at hd128 its tile needs 240 KB of shared
-#: memory, so the hd128 ladder has no such row).
+#: ping-pong of the consumer warpgroups; a persistent grid whose producer loads the next tile
+#: while the consumers store this one (the default at hd128: back to two K/V stages, whose
+#: third's shared memory now stages O, so Q is free for the next tile as soon as the last
+#: S = Q K^T has run); then a third consumer warpgroup (B_r = 192) with the third stage its
+#: shared memory has room for, which the default takes at hd32/hd64 without a mask (at hd128
+#: its tile needs 240 KB of shared memory, so the hd128 ladder has no such row).
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
+_PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
+_PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
 WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_ring3": _RING3,
     "wg_overlap": _RING3.replace(intra_wg_overlap=True),
-    "wg_pingpong": _RING3.replace(intra_wg_overlap=True, pingpong=True),
-    "wg_tall": _RING3.replace(intra_wg_overlap=True, pingpong=True, block_m=192, num_warps=12),
+    "wg_pingpong": _PINGPONG,
+    "wg_persistent": _PERSISTENT,
+    "wg_tall": _PERSISTENT.replace(block_m=192, num_warps=12, kv_stages=3),
 }
 #: The rows of each ``attnlab ladder --family``.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -149,7 +155,7 @@ BASES: dict[str, str] = {
     **dict.fromkeys(LAB_VARIANTS, LAB_BASE),
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
-    "wg_pingpong": "wg_overlap", "wg_tall": "wg_pingpong",
+    "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_tall": "wg_persistent",
 }
 
 #: What each step adds, for tables and plots.
@@ -181,6 +187,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_ring3": "sm_90a: a third K/V stage",
     "wg_overlap": "sm_90a: S of block j issued with P V of block j-1",
     "wg_pingpong": "sm_90a: consumer warpgroups take turns at the MMAs",
+    "wg_persistent": "sm_90a: persistent CTAs, next tile loaded under this one's store",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
 }
 

@@ -59,31 +59,38 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: B_c 80 and 96: without it ptxas splits the P V MMAs and hd256 B_c 80 runs at half speed.
 #: ``lpt`` measured -5% at hd128 with 40 MiB sections and -1% with 8-16 MiB, so hd128 keeps the
 #: per-head order; hd256 gains 4% more with 16 MiB sections (8 heads at 4k) than with 40.
+#: A persistent grid (nineteenth session, seq 2k and 4k, end to end): +2 to +6% unmasked at
+#: every head dim (hd128 with two K/V stages, so that O has a tile of its own), under a mask
+#: +6% at hd128 and hd256 (in the per-head order: its static walk and the sections' sawtooth
+#: of lengths left hd256 with ``lpt`` at 0.75x) and +13% at seq 2k; none where three consumer
+#: warpgroups walk a mask (hd64 spills in the K/V loop, hd96 -2%, hd192 +0%; hd32 +7% but
+#: spills 28 B), which keep one CTA per tile.
 _M192 = {"block_m": 192, "num_warps": 12}
+_PERSISTENT = {"persistent": True}
 _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
-    (32, False): {**_M192, "block_n": 128, "kv_stages": 3},
+    (32, False): {**_M192, "block_n": 128, "kv_stages": 3, **_PERSISTENT},
     (32, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
-    (64, False): {**_M192, "block_n": 128, "kv_stages": 3},
+    (64, False): {**_M192, "block_n": 128, "kv_stages": 3, **_PERSISTENT},
     (64, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
-    (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True},
+    (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
-    (128, False): {"block_n": 128, "kv_stages": 3},
-    (128, True): {"block_n": 128, "kv_stages": 3},
-    (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True},
+    (128, False): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
-    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True},
-    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
-                  "l2_section_mb": 16},
+    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
+    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
-#: per-head order. At seq 1k the three-warpgroup, longest-first hd64 tile measured 0.81x of
-#: this one (192 rows leave a partial last row block and fewer tiles to balance) and hd256's
-#: B_c 80 0.89x of B_c 64 (1k keys leave a partial last K/V block, masked); both won from 8k.
+#: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
+#: the three-warpgroup, longest-first hd64 tile measured 0.81x of this one (192 rows leave a
+#: partial last row block and fewer tiles to balance) and hd256's B_c 80 0.89x of B_c 64 (1k
+#: keys leave a partial last K/V block, masked); both won from 8k.
 _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
-    32: {"block_n": 128, "kv_stages": 3},
-    64: {"block_n": 128, "kv_stages": 3},
-    96: {"block_n": 128, "kv_stages": 2},
-    256: {"block_n": 64, "kv_stages": 2},
+    32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
+    64: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
+    96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    256: {"block_n": 64, "kv_stages": 2, **_PERSISTENT},
 }
 LONG_MASKED_SEQLEN = 4096
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V

@@ -6,7 +6,10 @@ K/V head, ``first_is_longest``). Two grids:
 
 * **One CTA per tile** (the default): the hardware hands out tiles in launch order.
 * **Persistent** (the lab's ``persistent`` knob): ``num_ctas`` resident CTAs walk the tiles
-  in that same launch order, CTA ``c`` taking tiles ``c, c + num_ctas, ...``.
+  in that same launch order, one wave of ``num_ctas`` tiles after another, CTA ``c`` taking
+  position ``c`` of the even waves and ``num_ctas - 1 - c`` of the odd ones (a snake): with
+  the tiles longest first, a fixed stride would give CTA 0 the longest tile of every wave,
+  where the hardware's grid hands the next tile to whichever CTA finishes first.
 
 The launch order depends on the mask:
 
@@ -29,6 +32,20 @@ def longest_first(m_block, num_m_blocks, windowed: bool):
     """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
     blocks, which see the most keys under a causal band, start first."""
     return num_m_blocks - 1 - m_block if windowed else m_block
+
+
+def snake_tile(cta, ctas, wave):
+    """The tile persistent CTA ``cta`` of ``ctas`` takes in wave ``wave``: its place, counted
+    forwards in even waves and backwards in odd ones."""
+    return wave * ctas + cta + (wave % 2) * (ctas - 1 - 2 * cta)
+
+
+def snake_count(cta, ctas, num_tiles):
+    """How many of ``num_tiles`` tiles persistent CTA ``cta`` takes: one per whole wave, and
+    one of the last, partial wave if its place there is among the tiles left."""
+    waves = num_tiles // ctas
+    last_place = snake_tile(cta, ctas, waves) - waves * ctas
+    return waves + cutlass.min(cutlass.max(num_tiles - waves * ctas - last_place, 0), 1)
 
 
 def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int):
@@ -76,11 +93,16 @@ class TileScheduler:
         next tile reuses this one's shared memory). ``carried`` is what a CTA takes from one
         tile to the next (e.g. the position of its K/V ring); the last value is returned."""
         if cutlass.const_expr(self.persistent):
-            first, _, _ = cute.arch.block_idx()
-            stride, _, _ = cute.arch.grid_dim()
-            for tile in cutlass.range(first, self.num_tiles(), stride, unroll=1):
+            cta, _, _ = cute.arch.block_idx()
+            ctas, _, _ = cute.arch.grid_dim()
+            # Two values carried (the tile and the step to the next, which alternate), not
+            # the wave and the CTA: the consumer warps of the Hopper kernel have no register
+            # to spare.
+            tile, step = cta, 2 * (ctas - cta) - 1
+            while tile < self.num_tiles():
                 carried = body(*self.coords(tile), carried)
                 between()
+                tile, step = tile + step, 2 * ctas - step
         else:
             carried = body(*self.tile(), carried)
         return carried

@@ -37,6 +37,8 @@ Masking (Sk tail, causal and sliding windows) and the mask phases of the main lo
 of the ``mma.sync`` kernel (``kernels/common/mask.py``).
 """
 
+from typing import NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -82,6 +84,26 @@ def fence_registers(t: cute.Tensor) -> None:
     for i in range(cute.size(words)):
         words[i] = cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [words[i].ir_value()],
                                                  "", "=r,0", has_side_effects=True))
+
+
+class TileExtent(NamedTuple):
+    """Where one output tile lies (``FlashForwardSm90._tile``): its row block and heads, its
+    sequence (batch element or packed ``origins``) and lengths, its first row, its K/V block
+    range and masked-phase bounds, and whether it has rows at all."""
+
+    m_block: object
+    head: object
+    head_kv: object
+    batch: object
+    origins: object
+    seqlen_q: object
+    seqlen_k: object
+    row0: object
+    n_min: object
+    n_max: object
+    left_end: object
+    right_start: object
+    has_rows: object
 
 
 class FlashForwardSm90(ForwardKernel):
@@ -140,14 +162,14 @@ class FlashForwardSm90(ForwardKernel):
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
-        scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], False, self.windowed,
-                                  cfg.lpt)
+        scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], cfg.persistent,
+                                  self.windowed, cfg.lpt)
         self.kernel(
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
             SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2],
-        ).launch(grid=scheduler.grid(), block=[cfg.num_threads, 1, 1], stream=stream,
-                 min_blocks_per_mp=1)
+        ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
+                 stream=stream, min_blocks_per_mp=1)
 
     @staticmethod
     def _stage(staged_layout):
@@ -155,12 +177,16 @@ class FlashForwardSm90(ForwardKernel):
         return cute.slice_(staged_layout, (None, None, 0))
 
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
-        """Q, the K and V rings, and the barriers: Q's, then full/empty per K and V stage."""
+        """Q, O's own tile where ``stages_o_apart``, the K and V rings, and the barriers:
+        full/empty for Q and per K and V stage."""
         stages = self.cfg.kv_stages
+        fields = {"sQ": shared_tile(self.dtype, sQ_layout)}
+        if cutlass.const_expr(self.cfg.stages_o_apart(self.head_dim)):
+            fields["sO"] = shared_tile(self.dtype, sQ_layout)
         return shared_storage({
-            "sQ": shared_tile(self.dtype, sQ_layout), "sK": shared_tile(self.dtype, sK_layout),
+            **fields, "sK": shared_tile(self.dtype, sK_layout),
             "sV": shared_tile(self.dtype, sV_layout),
-            "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
+            "q_bars": cute.struct.MemRange[cutlass.Int64, 2],
             "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
             "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]})
 
@@ -178,26 +204,77 @@ class FlashForwardSm90(ForwardKernel):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_block, seq, head = self.tile_scheduler(num_m_blocks, num_seqs, tma_q[1].shape[2],
-                                                 heads_per_kv, tma_k[1].shape[0],
-                                                 False).tile()
-        head_kv = head // heads_per_kv
+        tile_grid = (num_m_blocks, num_seqs, tma_q[1].shape[2], heads_per_kv,
+                     tma_k[1].shape[0], cfg.persistent)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         # The swizzle on the pointer: the form both the TMA partition and wgmma take.
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sO = sQ
+        if cutlass.const_expr(cfg.stages_o_apart(self.head_dim)):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        q_bar = storage.q_bar.data_ptr()
-        pipes = [self._kv_pipeline(storage.k_bars.data_ptr(), sK_layout),
-                 self._kv_pipeline(storage.v_bars.data_ptr(), sV_layout)]
-        if warp_idx == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, 1)
+        # Q's barriers are a ring of one stage: its "empty" side matters only to a persistent
+        # CTA, whose next Q waits for the consumers to be done with this one.
+        pipes = [self._tma_pipeline(storage.q_bars.data_ptr(), sQ_layout, 1),
+                 self._tma_pipeline(storage.k_bars.data_ptr(), sK_layout, cfg.kv_stages),
+                 self._tma_pipeline(storage.v_bars.data_ptr(), sV_layout, cfg.kv_stages)]
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        tiles = (tma_q, tma_k, tma_v, mCuQ, mCuK, window_left, window_right, heads_per_kv)
 
-        # This CTA's sequence: a batch element, or rows of the packed tensors from ``origins``.
+        if warp_idx // 4 == 0:
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
+            if warp_idx == 0:
+                self.tile_scheduler(*tile_grid).for_each_tile(
+                    lambda m_block, seq, head, states: self._produce(
+                        self._tile(m_block, seq, head, *tiles), tma_q, tma_k, tma_v, sQ, sK,
+                        sV, pipes, states),
+                    lambda: None, self._ring_states(pipeline.PipelineUserType.Producer))
+        else:
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
+            ctidx = tidx - 128
+            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+            if cutlass.const_expr(cfg.pingpong):
+                if wg == 0:
+                    # The first turn at the tensor cores is warpgroup 0's. Once per CTA: a
+                    # persistent CTA's last turn of a tile hands over to its next tile's first.
+                    NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
+            self.tile_scheduler(*tile_grid).for_each_tile(
+                lambda m_block, seq, head, states: self._consume(
+                    self._tile(m_block, seq, head, *tiles), ctidx, wg, mma_qk, mma_pv, sQ, sO,
+                    sK, sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right,
+                    states),
+                lambda: None, self._ring_states(pipeline.PipelineUserType.Consumer))
+            if cutlass.const_expr(cfg.stages_o_apart(self.head_dim)):
+                if ctidx < 32:
+                    # The last tile's O store must have read its tile before the CTA ends.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def _ring_states(self, user: pipeline.PipelineUserType) -> tuple:
+        """The positions in Q's ring and in the K/V ring, carried from tile to tile."""
+        return (pipeline.make_pipeline_state(user, 1),
+                pipeline.make_pipeline_state(user, self.cfg.kv_stages))
+
+    def _tma_pipeline(self, barriers: cute.Pointer, staged_layout, stages: int):
+        """The full/empty barriers of a ring of TMA tiles: one producer thread arms a stage for
+        its bytes; one lane per consumer warp releases it."""
+        stage_bytes = cute.size_in_bytes(self.dtype, self._stage(staged_layout))
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers, num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     self.cfg.num_warps),
+            tx_count=stage_bytes, defer_sync=True)
+
+    @cute.jit
+    def _tile(self, m_block, seq, head, tma_q: tuple, tma_k: tuple, tma_v: tuple,
+              mCuQ: cute.Tensor, mCuK: cute.Tensor, window_left, window_right,
+              heads_per_kv) -> TileExtent:
+        """Where tile ``(m_block, seq, head)`` lies: its sequence and its K/V blocks."""
+        cfg = self.cfg
+        # A batch element, or rows of the packed tensors from ``origins``.
         batch, origins = seq, None
         seqlen_q, seqlen_k = tma_q[1].shape[0], tma_k[1].shape[0]
         if cutlass.const_expr(self.varlen):
@@ -210,76 +287,85 @@ class FlashForwardSm90(ForwardKernel):
         left_end, right_start = mask.masked_block_bounds(
             row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
             cfg.block_n, self.windowed)
-
         # Past the end of a short packed sequence (the grid is sized for the longest):
         # nothing to load, compute or store. A dense grid has no such tile.
         has_rows = row0 < seqlen_q if self.varlen else True
-        if warp_idx // 4 == 0:
-            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
-            if warp_idx == 0:
-                if has_rows:
-                    self._produce(tma_q, tma_k, tma_v, sQ, sK, sV, q_bar, pipes, m_block, head,
-                                  head_kv, batch, n_min, n_max, origins)
-        else:
-            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
-            if has_rows:
-                self._consume(tidx - 128, mma_qk, mma_pv, sQ, sK, sV, q_bar, pipes, o_store,
-                              mLSE, softmax_scale, window_left, window_right, seqlen_q,
-                              seqlen_k, row0, m_block, batch, head, n_min, n_max, left_end,
-                              right_start, origins)
-
-    def _kv_pipeline(self, barriers: cute.Pointer, staged_layout):
-        """The full/empty barriers of a K or V ring: one producer thread arms a stage for its
-        TMA bytes; one lane per consumer warp releases it."""
-        stage_bytes = cute.size_in_bytes(self.dtype, self._stage(staged_layout))
-        return pipeline.PipelineTmaAsync.create(
-            barrier_storage=barriers, num_stages=self.cfg.kv_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     self.cfg.num_warps),
-            tx_count=stage_bytes, defer_sync=True)
+        return TileExtent(m_block, head, head // heads_per_kv, batch, origins, seqlen_q,
+                          seqlen_k, row0, n_min, n_max, left_end, right_start, has_rows)
 
     @cute.jit
-    def _produce(self, tma_q: tuple, tma_k: tuple, tma_v: tuple, sQ: cute.Tensor,
-                 sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list, m_block,
-                 head, head_kv, batch, n_min, n_max, origins):
-        """The producer warp: Q, then K_j and V_j for every block, each into the next free
-        stage of its ring (blocks in the order the consumers take them)."""
+    def _produce(self, tile: TileExtent, tma_q: tuple, tma_k: tuple, tma_v: tuple,
+                 sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, pipes: list,
+                 states: tuple) -> tuple:
+        """The producer warp's work for one tile: K of its first block, then Q (once the
+        consumers are done with the previous tile's), then V_j and K_{j+1} for every block,
+        each into the next free stage of its ring (blocks in the order the consumers take
+        them). Returns the rings' states after it."""
+        q_state, state = states
+        if tile.has_rows:
+            q_state, state = self._produce_rows(tile, tma_q, tma_k, tma_v, sQ, sK, sV, pipes,
+                                                q_state, state)
+        return q_state, state
+
+    @cute.jit
+    def _produce_rows(self, tile: TileExtent, tma_q: tuple, tma_k: tuple, tma_v: tuple,
+                      sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, pipes: list,
+                      q_state, state) -> tuple:
         cfg, D = self.cfg, self.head_dim
         q_origin = k_origin = v_origin = None
         if cutlass.const_expr(self.varlen):
-            q_origin, k_origin, v_origin = (origins[0], 0), (origins[1], 0), (0, origins[1])
-        q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0), head, batch,
-                                        q_origin)
-        k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0), head_kv,
-                                        batch, k_origin)
-        v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None), head_kv,
-                                        batch, v_origin)
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(
-                q_bar, cute.size_in_bytes(self.dtype, self._stage(sQ.layout)))
-        cute.copy(tma_q[0], q_gmem[None, m_block], q_smem[None, 0], tma_bar_ptr=q_bar)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                             cfg.kv_stages)
-        for n_block in cutlass.range(n_min, n_max, unroll=1):
-            for t, (tma, smem, gmem) in enumerate(((tma_k, k_smem, k_gmem),
-                                                   (tma_v, v_smem, v_gmem))):
-                pipes[t].producer_acquire(state)
-                cute.copy(tma[0], gmem[None, n_block], smem[None, state.index],
-                          tma_bar_ptr=pipes[t].producer_get_barrier(state))
+            q_origin = (tile.origins[0], 0)
+            k_origin, v_origin = (tile.origins[1], 0), (0, tile.origins[1])
+        q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0),
+                                        tile.head, tile.batch, q_origin)
+        k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0),
+                                        tile.head_kv, tile.batch, k_origin)
+        v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None),
+                                        tile.head_kv, tile.batch, v_origin)
+        loads = ((tma_k, k_smem, k_gmem), (tma_v, v_smem, v_gmem))
+        if tile.n_min < tile.n_max:
+            self._load(pipes[1], state, *loads[0], tile.n_min)
+        self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
+        q_state.advance()
+        for n_block in cutlass.range(tile.n_min, tile.n_max, unroll=1):
+            self._load(pipes[2], state, *loads[1], n_block)
             state.advance()
+            if n_block + 1 < tile.n_max:
+                self._load(pipes[1], state, *loads[0], n_block + 1)
+        return q_state, state
+
+    @staticmethod
+    def _load(pipe, state, tma_atom, smem: cute.Tensor, gmem: cute.Tensor, block) -> None:
+        """Block ``block`` of ``gmem`` into the ring stage of ``state``, once it is free."""
+        pipe.producer_acquire(state)
+        cute.copy(tma_atom[0], gmem[None, block], smem[None, state.index],
+                  tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit
-    def _consume(self, ctidx, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor,
-                 sK: cute.Tensor, sV: cute.Tensor, q_bar: cute.Pointer, pipes: list,
-                 o_store: tuple, mLSE: cute.Tensor, softmax_scale: cutlass.Float32,
-                 window_left, window_right, seqlen_q, seqlen_k, row0, m_block, batch, head,
-                 n_min, n_max, left_end, right_start, origins):
-        """A consumer warpgroup: its 64 rows of S = Q K^T, softmax and O += P V per block,
-        then its share of the epilogue."""
+    def _consume(self, tile: TileExtent, ctidx, wg, mma_qk: cute.TiledMma,
+                 mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor, sK: cute.Tensor,
+                 sV: cute.Tensor, pipes: list, o_store: tuple, mLSE: cute.Tensor,
+                 softmax_scale: cutlass.Float32, window_left, window_right,
+                 states: tuple) -> tuple:
+        """A consumer warpgroup's share of one tile (none past the end of a packed
+        sequence); returns the rings' states after it."""
+        q_state, state = states
+        if tile.has_rows:
+            q_state, state = self._consume_rows(tile, ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
+                                                sV, pipes, o_store, mLSE, softmax_scale,
+                                                window_left, window_right, q_state, state)
+        return q_state, state
+
+    @cute.jit
+    def _consume_rows(self, tile: TileExtent, ctidx, wg, mma_qk: cute.TiledMma,
+                      mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor,
+                      sK: cute.Tensor, sV: cute.Tensor, pipes: list, o_store: tuple,
+                      mLSE: cute.Tensor, softmax_scale: cutlass.Float32, window_left,
+                      window_right, q_state, state) -> tuple:
+        """Its 64 rows of S = Q K^T, softmax and O += P V per block, then its share of the
+        epilogue. Q is released once nothing reads it: after the last S = Q K^T where O has
+        its own tile, else once O, staged in Q's tile, has been read out."""
         cfg, D = self.cfg, self.head_dim
-        # This consumer warpgroup's index (0 to num_consumers - 1), uniform over its warps.
-        wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         thr_qk = mma_qk.get_slice(ctidx)
         thr_pv = mma_pv.get_slice(ctidx)
         # The shared-memory operands' descriptors depend on the warpgroup only: sliced by a
@@ -292,7 +378,7 @@ class FlashForwardSm90(ForwardKernel):
         tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(sV))
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((cfg.block_m, D)),
                                       cutlass.Float32)
-        # Zero also for a CTA that sees no key (its epilogue writes this O).
+        # Zero also for a tile that sees no key (its epilogue writes this O).
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(
             cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
@@ -300,18 +386,22 @@ class FlashForwardSm90(ForwardKernel):
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
-        if cutlass.const_expr(cfg.pingpong):
-            if wg == 0:
-                # The first turn at the tensor cores is warpgroup 0's.
-                NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
-        cute.arch.mbarrier_wait(q_bar, 0)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                             cfg.kv_stages)
-        operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn,
-                    row0, seqlen_q, seqlen_k, window_left, window_right, wg)
-        bounds = mask.phase_bounds(n_min, left_end, right_start, n_max, self.windowed)
+        q_pipe, kv_pipes = pipes[0], pipes[1:]
+        q_pipe.consumer_wait(q_state)
+        operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, kv_pipes,
+                    tScS_mn, tile.row0, tile.seqlen_q, tile.seqlen_k, window_left,
+                    window_right, wg)
+        n_min, n_max = tile.n_min, tile.n_max
+        # Where this tile's rows start in the (packed) tensors and how many there are, taken
+        # before the K/V loop: two values live through it instead of the four they come from.
+        first_row = tile.row0
+        if cutlass.const_expr(self.varlen):
+            first_row = tile.origins[0] + tile.row0
+        rows_left = tile.seqlen_q - tile.row0
+        bounds = mask.phase_bounds(n_min, tile.left_end, tile.right_start, n_max,
+                                   self.windowed)
         if cutlass.const_expr(cfg.intra_wg_overlap):
-            self._overlapped_blocks(state, operands, bounds, n_min, n_max)
+            state = self._overlapped_blocks(state, operands, bounds, n_min, n_max)
         else:
             for p in cutlass.range_constexpr(len(bounds)):
                 lo, hi = bounds[p]
@@ -321,17 +411,20 @@ class FlashForwardSm90(ForwardKernel):
                 else:
                     for n_block in cutlass.range(lo, hi, unroll=1):
                         state = self._kv_block(n_block, state, *operands, masked=False)
+        o_apart = cfg.stages_o_apart(self.head_dim)
+        if cutlass.const_expr(o_apart):
+            q_pipe.consumer_release(q_state)
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         softmax.finalize(acc_O, lse_rows)
-        first_row = row0
-        if cutlass.const_expr(self.varlen):
-            first_row = origins[0] + row0
         if cutlass.const_expr(mLSE is not None):
-            store_lse(mLSE, batch, head, first_row, thr_pv, (cfg.block_m, D), lse_rows,
-                      seqlen_q - row0)
-        self._store_o(o_store, sQ, acc_O, mma_pv, ctidx, m_block, head, batch, origins,
-                      seqlen_q - row0)
+            store_lse(mLSE, tile.batch, tile.head, first_row, thr_pv, (cfg.block_m, D),
+                      lse_rows, rows_left)
+        self._store_o(o_store, sO, acc_O, mma_pv, ctidx, tile, first_row, rows_left)
+        if cutlass.const_expr(cfg.persistent and not o_apart):
+            q_pipe.consumer_release(q_state)
+        q_state.advance()
+        return q_state, state
 
     @cute.jit
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
@@ -365,7 +458,14 @@ class FlashForwardSm90(ForwardKernel):
         """The main loop with ``intra_wg_overlap``: the first block's S and softmax on their
         own, then per block j its S = Q K^T and block j-1's O += P V issued together, block
         j's softmax while they run, O rescaled once the P V MMAs are done; the last block's
-        O += P V after the loop."""
+        O += P V after the loop. Returns the ring state after the tile's blocks."""
+        if n_min < n_max:
+            state = self._overlapped_walk(state, operands, bounds, n_min, n_max)
+        return state
+
+    @cute.jit
+    def _overlapped_walk(self, state, operands: tuple, bounds: list, n_min, n_max):
+        """``_overlapped_blocks`` over at least one block."""
         (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn, row0,
          seqlen_q, seqlen_k, window_left, window_right, wg) = operands
         cfg = self.cfg
@@ -373,40 +473,40 @@ class FlashForwardSm90(ForwardKernel):
         # P of the previous block, read by its O += P V while this block's S is computed.
         rP = cute.make_rmem_tensor(s_shape, self.dtype)
         corrections = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
-        if n_min < n_max:
-            acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            pipes[0].consumer_wait(state)
-            wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
-                       zero_init=True)
-            pipes[0].consumer_release(state)
-            # Masked whatever its phase: any block may be the first.
-            mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
-                            window_left, window_right, self.windowed)
-            softmax.update(acc_S, acc_O, first=True)
-            self._convert_p(acc_S, rP)
-            if cutlass.const_expr(cfg.rescale_o_before_pv):
-                # O is still zero: the first block's rescale, applied before its P V, is 1.
-                corrections.fill(1.0)
-            v_state = state.clone()
-            state.advance()
-            blocks = (rP, corrections, *operands)
-            for p in cutlass.range_constexpr(len(bounds)):
-                lo, hi = bounds[p]
-                lo = cutlass.max(lo, n_min + 1)
-                if cutlass.const_expr(mask.phase_masked(self.windowed, p)):
-                    for n_block in cutlass.range(lo, hi, unroll=1):
-                        state, v_state = self._overlapped_block(n_block, state, v_state,
-                                                                *blocks, masked=True)
-                else:
-                    for n_block in cutlass.range(lo, hi, unroll=1):
-                        state, v_state = self._overlapped_block(n_block, state, v_state,
-                                                                *blocks, masked=False)
-            if cutlass.const_expr(cfg.rescale_o_before_pv):
-                softmax.rescale_o(acc_O, corrections)
-            pipes[1].consumer_wait(v_state)
-            wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                       tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
-            pipes[1].consumer_release(v_state)
+        acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        pipes[0].consumer_wait(state)
+        wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
+                   zero_init=True)
+        pipes[0].consumer_release(state)
+        # Masked whatever its phase: any block may be the first.
+        mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
+                        window_left, window_right, self.windowed)
+        softmax.update(acc_S, acc_O, first=True)
+        self._convert_p(acc_S, rP)
+        if cutlass.const_expr(cfg.rescale_o_before_pv):
+            # O is still zero: the first block's rescale, applied before its P V, is 1.
+            corrections.fill(1.0)
+        v_state = state.clone()
+        state.advance()
+        blocks = (rP, corrections, *operands)
+        for p in cutlass.range_constexpr(len(bounds)):
+            lo, hi = bounds[p]
+            lo = cutlass.max(lo, n_min + 1)
+            if cutlass.const_expr(mask.phase_masked(self.windowed, p)):
+                for n_block in cutlass.range(lo, hi, unroll=1):
+                    state, v_state = self._overlapped_block(n_block, state, v_state,
+                                                            *blocks, masked=True)
+            else:
+                for n_block in cutlass.range(lo, hi, unroll=1):
+                    state, v_state = self._overlapped_block(n_block, state, v_state,
+                                                            *blocks, masked=False)
+        if cutlass.const_expr(cfg.rescale_o_before_pv):
+            softmax.rescale_o(acc_O, corrections)
+        pipes[1].consumer_wait(v_state)
+        wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
+                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
+        pipes[1].consumer_release(v_state)
+        return state
 
     @cute.jit
     def _overlapped_block(self, n_block, state, v_state, rP: cute.Tensor,
@@ -476,36 +576,42 @@ class FlashForwardSm90(ForwardKernel):
             NamedBarrier.SCHEDULER.arrive(TURN_THREADS, following)
 
     @cute.jit
-    def _store_o(self, o_store: tuple, sQ: cute.Tensor, acc_O: cute.Tensor,
-                 mma_pv: cute.TiledMma, ctidx, m_block, head, batch, origins, rows_left):
-        """O: registers -> Q's shared memory -> one TMA store (rows past Sq are clipped), or
-        for packed sequences 16-byte copies of the sequence's rows (``o_store``: the TMA
-        atom and coordinates, or O and the tiled copy).
+    def _store_o(self, o_store: tuple, sO: cute.Tensor, acc_O: cute.Tensor,
+                 mma_pv: cute.TiledMma, ctidx, tile: TileExtent, first_row, rows_left):
+        """O: registers -> shared memory -> one TMA store (rows past Sq are clipped), or for
+        packed sequences 16-byte copies of the sequence's rows (``o_store``: the TMA atom and
+        coordinates, or O and the tiled copy).
 
-        A warpgroup overwrites only its own rows of Q, which no other warpgroup reads, and
-        only after its last QK^T MMA has completed.
+        ``sO`` is Q's tile, or O's own (``stages_o_apart``). In Q's, a warpgroup overwrites
+        only its own rows, which no other warpgroup reads, after its last QK^T MMA has
+        completed, and the store has read them before this returns. In its own, the previous
+        tile's store may still be reading it: all wait for that first, and this tile's store
+        is waited for at the next one (or at the CTA's end).
         """
         cfg, D = self.cfg, self.head_dim
-        stage_o(acc_O, sQ[None, None, 0], mma_pv, ctidx, self.dtype)
+        o_apart = cfg.stages_o_apart(self.head_dim)
+        if cutlass.const_expr(o_apart):
+            if cutlass.const_expr(not self.varlen):
+                if ctidx < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
+        stage_o(acc_O, sO[None, None, 0], mma_pv, ctidx, self.dtype)
         if cutlass.const_expr(self.varlen):
             mO, gmem_store = o_store
-            gO = cute.local_tile(sequence_rows(mO, batch, origins[0], head), (cfg.block_m, D),
-                                 (m_block, 0))
-            store_rows(gmem_store, sQ[None, None, 0], gO, ctidx, rows_left,
+            gO = cute.local_tile(sequence_rows(mO, tile.batch, first_row, tile.head),
+                                 (cfg.block_m, D), (0, 0))
+            store_rows(gmem_store, sO[None, None, 0], gO, ctidx, rows_left,
                        lambda: NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32))
         else:
-            self._store_o_by_tma(o_store, sQ, ctidx, m_block, head, batch)
+            # Generic-proxy writes, read next by the TMA unit (async proxy).
+            cute.arch.fence_proxy("async.shared", space="cta")
+            NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
+            if ctidx < 32:
+                o_smem, o_gmem = tile_partition(o_store, sO, (cfg.block_m, D), (None, 0),
+                                                tile.head, tile.batch)
+                cute.copy(o_store[0], o_smem[None, 0], o_gmem[None, tile.m_block])
+                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(not o_apart):
+                    # Q's tile must outlive the store's reads of it.
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
-    @cute.jit
-    def _store_o_by_tma(self, tma_o: tuple, sQ: cute.Tensor, ctidx, m_block, head, batch):
-        cfg, D = self.cfg, self.head_dim
-        # Generic-proxy writes, read next by the TMA unit (async proxy).
-        cute.arch.fence_proxy("async.shared", space="cta")
-        NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
-        if ctidx < 32:
-            o_smem, o_gmem = tile_partition(tma_o, sQ, (cfg.block_m, D), (None, 0), head,
-                                            batch)
-            cute.copy(tma_o[0], o_smem[None, 0], o_gmem[None, m_block])
-            cute.arch.cp_async_bulk_commit_group()
-            # Shared memory must outlive the store's reads of it.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
