@@ -107,16 +107,20 @@ def main() -> None:
     peers = {name: fn for name, fn in available_peers().items() if name in PEERS}
     impls = {"attnlab": attnlab_impl(), **peers}
     rows = []
-    for point in grid(dtypes, args.quick):
-        rows.append(dense_row(measure_point(point, impls, runs=args.runs)))
-        print(line(rows[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def add(row: dict) -> None:
+        # Written after every point: a run cut short keeps what it measured.
+        rows.append(row)
+        print(line(row), flush=True)
+        (args.out / "hopper_table.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
     for dtype in dtypes:
         for causal in (False, True):
-            rows.append(varlen_rows(dtype, causal, args.runs))
-            print(line(rows[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hopper_table.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+            add(varlen_rows(dtype, causal, args.runs))
+    for point in grid(dtypes, args.quick):
+        add(dense_row(measure_point(point, impls, runs=args.runs)))
     ratios = [float(line(r).rsplit("x", 1)[1]) for r in rows if not line(r).endswith("x-")]
     print(f"geomean attnlab / best of FA4 and cuDNN: "
           f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} points")
