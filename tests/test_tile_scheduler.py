@@ -10,6 +10,7 @@ from attnlab.kernels.common.tile_scheduler import (
     heads_per_section,
     longest_first,
     snake_count,
+    snake_imbalance,
     snake_tile,
 )
 
@@ -115,3 +116,16 @@ def test_backward_order_takes_first_blocks_first(n_blocks, seqs, heads, lpt, sec
     for pair in {(s, h) for _, s, h in in_order}:
         blocks = [n for n, s, h in in_order if (s, h) == pair]
         assert blocks == list(range(n_blocks))
+
+
+def test_snake_imbalance_sees_the_sawtooth_of_a_heads_row_blocks():
+    """Causal tiles (row block m sees m + 1 blocks) in the per-head order: even over 32 row
+    blocks x 64 heads on 132 CTAs, over 1.5x the average over 128 row blocks x 16 heads (a
+    sawtooth whose period is near a wave); equal tiles are even whatever the count."""
+    def imbalance(m_blocks, heads, length):
+        return snake_imbalance(TileScheduler(m_blocks, 1, heads, persistent=True,
+                                             windowed=True), 132, length)
+
+    assert imbalance(32, 64, lambda m: m + 1) <= 1.05
+    assert imbalance(128, 16, lambda m: m + 1) > 1.5
+    assert imbalance(128, 16, lambda m: 3) <= 1.05

@@ -37,20 +37,21 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 
 def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
-    default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order: the
-    other is the refinement's), Ampere's space has none; a wgmma tile's neighbours are its ring
-    depths and schedules, within shared memory, at a B_c that is not a power of two
-    ``fence_p`` too, and under a mask both tile orders."""
+    default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order on one
+    CTA per tile: the others are the refinement's), Ampere's space has none; a wgmma tile's
+    neighbours are its ring depths, schedules and grids, within shared memory, at a B_c that
+    is not a power of two ``fence_p`` too, and under a mask both tile orders."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
     assert len(wgmma) == len(set(wgmma)) and set(hopper) == set(ampere) | set(wgmma)
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
         default = policy.default_for("sm_90a", head_dim, windowed)
-        assert default.replace(lpt=False, l2_section_mb=40) in wgmma
+        assert default.replace(lpt=False, l2_section_mb=40, persistent=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2
+    assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2 * 2
+    assert {c.persistent for c in around} == {False, True}
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
                                                  256)} == {2}
@@ -233,7 +234,7 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     clip = dataclasses.replace(problem(4096), seqlen_k=77)
     assert dispatch.config_for(device, clip) == chosen_plain.replace(block_n=80, fence_p=True)
     assert dispatch.config_for(device, dataclasses.replace(clip, seqlen_k=81)) == chosen_plain
-    assert dispatch.config_for(device, dataclasses.replace(clip, window=(-1, 0))) == chosen
+    assert dispatch.config_for(device, dataclasses.replace(clip, window=(-1, 0))).block_n == 128
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_k=77)).block_n == 128
     assert all(s.config.block_n == 80 for s in policy.default_specs("sm_90a")
                if s.config.fence_p and s.head_dim in (64, 128))
@@ -351,3 +352,30 @@ def test_tune_rejects_an_unknown_mode():
     result = CliRunner().invoke(app, ["tune", "--mode", "diagonal"])
     assert result.exit_code != 0
     assert "--mode" in result.output
+
+
+def test_masked_calls_take_the_persistent_grid_only_where_its_walk_balances(fake_h200):
+    """A masked call's persistent default stands where the CTAs' fixed walk gives the
+    busiest one at most ``MAX_IMBALANCE`` of the average; else one CTA per tile, with the
+    tiles measured before (the table's hd128 causal seq 16k and hd256 causal 8k: 0.59-0.70x
+    the best peer on the persistent grid). Packed sequences, whose lengths the host does not
+    know, take one CTA per tile; a sliding window's equal tiles balance."""
+    causal = dataclasses.replace(problem(4096), window=(-1, 0))
+    assert dispatch.config_for(H200, causal) == policy.default_for("sm_90a", 128, True)
+    assert dispatch.config_for(H200, causal).persistent
+    long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
+    chosen = dispatch.config_for(H200, long)
+    assert not chosen.persistent and chosen.kv_stages == 3
+    hd256 = dataclasses.replace(causal, head_dim=256, batch=2, num_heads=8, num_heads_kv=8,
+                                seqlen_q=8192, seqlen_k=8192)
+    chosen = dispatch.config_for(H200, hd256)
+    assert chosen.lpt and chosen.l2_section_mb == 16 and not chosen.persistent
+    assert dispatch.config_for(H200, dataclasses.replace(hd256, batch=4, seqlen_q=4096,
+                                                         seqlen_k=4096)).persistent
+    short = dataclasses.replace(causal, head_dim=64, seqlen_q=2048, seqlen_k=2048)
+    assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
+                                                                  seqlen=2048)
+    packed = dataclasses.replace(causal, varlen=True)
+    assert not dispatch.config_for(H200, packed).persistent
+    window = dataclasses.replace(long, window=(256, 0))
+    assert dispatch.config_for(H200, window).persistent

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
 from attnlab.device import DeviceInfo, arch_of
-from attnlab.policy import SHORT_KV_SEQLEN, default_for
+from attnlab.policy import MAX_IMBALANCE, SHORT_KV_SEQLEN, default_for, one_cta_per_tile
 
 if TYPE_CHECKING:
     from attnlab.tune.cache import TuneCache, TuneKey
@@ -59,6 +59,10 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     short_kv = problem.seqlen_k <= SHORT_KV_SEQLEN
     key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen, bucket,
            short_kv)
+    if problem.windowed:
+        # A masked call's grid depends on how its tiles balance (``_balanced``).
+        key += (problem.batch * problem.num_heads, problem.seqlen_q, problem.seqlen_k,
+                problem.window)
     config = _chosen.get(key)
     if config is None:
         config = _chosen[key] = _choose(gpu, problem, bucket, short_kv)
@@ -79,5 +83,32 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
         return tuned
-    return default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
-                       bucket, short_kv)
+    config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
+                         bucket, short_kv)
+    if config.persistent and problem.windowed and not _balanced(config, problem, gpu):
+        config = one_cta_per_tile(config, problem.head_dim, bucket)
+    return config
+
+
+def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
+    """Whether a persistent grid (one CTA per SM) walks a masked problem's tiles with its
+    busiest CTA within ``MAX_IMBALANCE`` of the average. Packed sequences are not: their
+    tiles' lengths are not known on the host."""
+    from attnlab.kernels.abi import encode_window
+    from attnlab.kernels.common.mask import kv_block_range
+    from attnlab.kernels.common.tile_scheduler import TileScheduler, snake_imbalance
+
+    if problem.varlen:
+        return False
+    left, right = encode_window(problem.window)
+    m_blocks = -(-problem.seqlen_q // config.block_m)
+    scheduler = TileScheduler(m_blocks, problem.batch, problem.num_heads, True, True,
+                              config.lpt, section=1)
+
+    def blocks(m_block: int) -> int:
+        n_min, n_max = kv_block_range(m_block * config.block_m, problem.seqlen_q,
+                                      problem.seqlen_k, left, right, config.block_m,
+                                      config.block_n, True)
+        return n_max - n_min
+
+    return snake_imbalance(scheduler, gpu.multiprocessors, blocks) <= MAX_IMBALANCE

@@ -92,6 +92,17 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     256: {"block_n": 64, "kv_stages": 2, **_PERSISTENT},
 }
+#: A persistent masked tile's replacement where its CTAs' static walk would leave them
+#: unbalanced (``dispatch``: packed sequences, or the busiest CTA over ``MAX_IMBALANCE`` times
+#: the average; measured: hd128 causal seq 16k 0.69x and hd256 causal 8k-16k 0.59-0.70x the
+#: better peer where the walk predicts 1.54-1.80): one CTA per tile, the tiles measured
+#: before the persistent grid (hd128 three K/V stages; hd256 longest first over 16 MiB L2
+#: sections).
+_ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
+    128: {"block_n": 128, "kv_stages": 3},
+    256: {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True, "l2_section_mb": 16},
+}
+MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 4096
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
 #: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
@@ -125,6 +136,16 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
             config = config.replace(**_SHORT_KV_TILE)
         return config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
+
+
+def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> FlashConfig:
+    """A persistent masked default (``default_for`` at ``head_dim`` and query length
+    ``seqlen``) on one CTA per tile: the hardware then hands each tile to whichever CTA
+    finishes first, where the persistent CTAs' fixed walk would leave some with far more work
+    than others."""
+    if seqlen is not None and seqlen < LONG_MASKED_SEQLEN:
+        return config.replace(persistent=False)
+    return config.replace(persistent=False, **_ONE_CTA_MASKED_TILES.get(head_dim, {}))
 
 
 def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,

@@ -46,7 +46,8 @@ def wgmma_space() -> list[FlashConfig]:
     each with and without FA3's intra-warpgroup overlap and ping-pong (ping-pong needs two
     warpgroups or more); P pinned (``fence_p``) where B_c is not a power of two, where it
     measured up to 2x faster. Shared memory and spills are pruned per head dim after
-    compiling; the tile order (``lpt``) is the refinement's (``knob_neighbours``)."""
+    compiling; the tile order (``lpt``) and the grid (``persistent``) are the refinement's
+    (``knob_neighbours``)."""
     configs = []
     for consumers, block_n, stages, overlap, pingpong in itertools.product(
             WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES, (False, True), (False, True)):
@@ -99,21 +100,22 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
 
 def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
                       windowed: bool) -> list[FlashConfig]:
-    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong);
-    where B_c is not a power of two, with and without P pinned (``fence_p``: it changes how
-    ptxas issues the P V GEMM only at those widths); under a mask, in each tile order
-    (per head, or ``lpt`` with sections of ``LPT_SECTION_MB``: it helped at some head dims,
-    hurt at hd128, and its best section size moved with the head dim)."""
+    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong),
+    on each grid (one CTA per tile, or persistent); where B_c is not a power of two, with and
+    without P pinned (``fence_p``: it changes how ptxas issues the P V GEMM only at those
+    widths); under a mask, in each tile order (per head, or ``lpt`` with sections of
+    ``LPT_SECTION_MB``: it helped at some head dims, hurt at hd128, and its best section size
+    moved with the head dim)."""
     fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
     orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
         else [(config.lpt, config.l2_section_mb)]
     around = []
-    for stages, overlap, pingpong, fence, (lpt, section_mb) in itertools.product(
-            WGMMA_STAGES, (False, True), (False, True), fences, orders):
+    for stages, overlap, pingpong, fence, (lpt, section_mb), persistent in itertools.product(
+            WGMMA_STAGES, (False, True), (False, True), fences, orders, (False, True)):
         try:
             candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
                                        pingpong=pingpong, fence_p=fence, lpt=lpt,
-                                       l2_section_mb=section_mb)
+                                       l2_section_mb=section_mb, persistent=persistent)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:

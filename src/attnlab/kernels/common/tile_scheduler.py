@@ -48,6 +48,19 @@ def snake_count(cta, ctas, num_tiles):
     return waves + cutlass.min(cutlass.max(num_tiles - waves * ctas - last_place, 0), 1)
 
 
+def snake_imbalance(scheduler: "TileScheduler", ctas: int, blocks_of_row_block) -> float:
+    """How much more work the busiest of ``ctas`` persistent CTAs walking ``scheduler``'s
+    tiles gets than the average (1.0: perfectly even), a tile's work being its K/V blocks
+    (``blocks_of_row_block(m_block)``). Plain Python, on the host: the snake evens out tiles
+    that shorten steadily through the launch, not a sawtooth of lengths that repeats with a
+    period near a wave (e.g. 128 row blocks per head on 132 SMs)."""
+    blocks = [blocks_of_row_block(m) for m in range(scheduler.num_m_blocks)]
+    total = scheduler.num_tiles()
+    loads = [sum(blocks[scheduler.coords(snake_tile(c, ctas, w))[0]]
+                 for w in range(snake_count(c, ctas, total))) for c in range(ctas)]
+    return max(loads) * ctas / max(sum(loads), 1)
+
+
 def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int):
     """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that
     share a K/V head), as many K/V heads as fit in ``section_bytes`` (at least one; H100 and
