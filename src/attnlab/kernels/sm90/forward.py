@@ -29,6 +29,12 @@ straight from the S registers, O normalised once); what changes is who does the 
   ``rescale_o_before_pv`` (with the overlap): O is rescaled for block j-1's maxima while
   block j's S = Q K^T runs, before block j-1's P V is issued, instead of after that P V
   completes, where the rescale (D / 2 multiplies per thread per block) delays the next turn.
+* **Persistent grid** (``persistent``). One CTA per SM walks the tiles (the tile
+  scheduler's snake over waves); Q's barriers are a ring of one stage and the K/V ring runs
+  on across tiles, so the producer loads the next tile's first K/V block and, once the
+  consumers release Q, its Q, while they finish this tile. Where shared memory has room O is
+  staged in its own tile (``stages_o_apart``): Q is then released after the last
+  S = Q K^T, and a tile's O store is waited for only before the next tile stages its O.
 * **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
   three share the registers three ways (160 each), enough at small head dims, where a taller
   tile loads K and V once for more rows.
