@@ -20,7 +20,7 @@ from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
-from attnlab.config import L2_SECTION_MB, FlashConfig
+from attnlab.config import MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import default_for
 
@@ -28,17 +28,14 @@ from attnlab.policy import default_for
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
 #: ``{}`` is the default itself.
 _PERSISTENT = {"persistent": True}
-_HEAD_ORDER = {"persistent": True, "lpt": False, "l2_section_mb": L2_SECTION_MB}
+#: The persistent grid in the longest-first order over one section of every head: the only
+#: order whose tiles shorten steadily through the launch, which the snake balances (the host
+#: model, ``tile_scheduler.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
+#: what it costs in L2 is the question.
+_GLOBAL_LPT = {"persistent": True, "lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {
-    32: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
-    64: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER,
-         "m128_persistent_head_order": {"block_m": 128, "num_warps": 8, **_HEAD_ORDER}},
-    96: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
-    128: {"default": {}, "ring2_persistent": {"kv_stages": 2, **_PERSISTENT}},
-    192: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER},
-    256: {"default": {}, "persistent": _PERSISTENT, "persistent_head_order": _HEAD_ORDER,
-          "bc64_persistent_head_order": {"block_n": 64, "fence_p": False, **_HEAD_ORDER}},
-}
+    head_dim: {"default": {}, "persistent": _PERSISTENT, "persistent_global_lpt": _GLOBAL_LPT}
+    for head_dim in (64, 128, 192, 256)}
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:

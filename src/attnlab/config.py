@@ -27,6 +27,9 @@ FRAG_COLS = 8
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
 #: MiB of K and V an L2 section of the longest-first order keeps by default (``lpt``).
 L2_SECTION_MB = 40
+#: The largest section (MiB of K/V; the kernel computes its bytes in 32 bits). Far above the
+#: L2: one section of every head, the longest-first order over the whole launch.
+MAX_L2_SECTION_MB = 1024
 SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
 #: Shared memory a CTA may use (bytes), per target architecture.
@@ -248,9 +251,9 @@ class FlashConfig:
                 f"elements of one row), got {self.row_sum_chains!r}"
             )
         if (not isinstance(self.l2_section_mb, int) or isinstance(self.l2_section_mb, bool)
-                or not 1 <= self.l2_section_mb <= 64):
-            raise ConfigError(f"l2_section_mb must be an int from 1 to 64 (MiB of K/V per L2 "
-                              f"section), got {self.l2_section_mb!r}")
+                or not 1 <= self.l2_section_mb <= MAX_L2_SECTION_MB):
+            raise ConfigError(f"l2_section_mb must be an int from 1 to {MAX_L2_SECTION_MB} (MiB "
+                              f"of K/V per L2 section), got {self.l2_section_mb!r}")
         if not self.lpt and self.l2_section_mb != L2_SECTION_MB:
             raise ConfigError("l2_section_mb sizes the sections of the longest-first order: it "
                               "needs lpt")

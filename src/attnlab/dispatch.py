@@ -96,14 +96,21 @@ def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
     tiles' lengths are not known on the host."""
     from attnlab.kernels.abi import encode_window
     from attnlab.kernels.common.mask import kv_block_range
-    from attnlab.kernels.common.tile_scheduler import TileScheduler, snake_imbalance
+    from attnlab.kernels.common.tile_scheduler import (
+        TileScheduler,
+        heads_per_section,
+        snake_imbalance,
+    )
 
     if problem.varlen:
         return False
     left, right = encode_window(problem.window)
     m_blocks = -(-problem.seqlen_q // config.block_m)
+    section = heads_per_section(problem.seqlen_k, 2 * problem.head_dim * problem.dtype.itemsize,
+                                problem.num_heads // problem.num_heads_kv,
+                                config.l2_section_mb << 20)
     scheduler = TileScheduler(m_blocks, problem.batch, problem.num_heads, True, True,
-                              config.lpt, section=1)
+                              config.lpt, section)
 
     def blocks(m_block: int) -> int:
         n_min, n_max = kv_block_range(m_block * config.block_m, problem.seqlen_q,
