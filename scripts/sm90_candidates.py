@@ -28,13 +28,16 @@ from attnlab.policy import default_for
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
 #: ``{}`` is the default itself.
 _PERSISTENT = {"persistent": True}
+_DYNAMIC = {"persistent": True, "dynamic_tiles": True}
 #: The persistent grid in the longest-first order over one section of every head: the only
 #: order whose tiles shorten steadily through the launch, which the snake balances (the host
 #: model, ``tile_scheduler.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
-#: what it costs in L2 is the question.
-_GLOBAL_LPT = {"persistent": True, "lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
+#: what it costs in L2 is the question. With ``dynamic_tiles`` any order balances.
+_GLOBAL_LPT = {"lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {
-    head_dim: {"default": {}, "persistent": _PERSISTENT, "persistent_global_lpt": _GLOBAL_LPT}
+    head_dim: {"default": {}, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
+               "persistent_global_lpt": {**_PERSISTENT, **_GLOBAL_LPT},
+               "dynamic_global_lpt": {**_DYNAMIC, **_GLOBAL_LPT}}
     for head_dim in (64, 128, 192, 256)}
 
 

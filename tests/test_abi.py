@@ -46,7 +46,11 @@ def test_fake_args_leave_out_what_the_spec_compiles_out():
     assert len(packed.q.shape) == 3 and packed.q.element_type is cutlass.Float16
     persistent = fake_forward_args(ForwardSpec(ladder.LAB_VARIANTS["persistent"], "sm_80",
                                                "bfloat16", 128))
-    assert persistent.num_ctas is not None
+    assert persistent.num_ctas is not None and persistent.tile_counter is None
+    dynamic = fake_forward_args(ForwardSpec(
+        policy.default_for("sm_90a", 128, True).replace(dynamic_tiles=True), "sm_90a",
+        "bfloat16", 128, windowed=True))
+    assert dynamic.num_ctas is not None and dynamic.tile_counter.element_type is cutlass.Int32
 
 
 def test_static_strides_are_compiled_in():

@@ -289,6 +289,25 @@ def test_wgmma_varlen_loads_by_tma_and_stores_rows(head_dim, artifact_dir):
     assert packed["STG"] >= cfg.block_m * head_dim * 2 // 16 // (cfg.num_warps * 32)
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
+def test_dynamic_tiles_draw_from_the_counter(windowed, artifact_dir):
+    """``dynamic_tiles``: the persistent kernel with two atomics (the producer's draw and its
+    CTA's count-out) and the counter's reset, the MMAs of the static walk, no spill."""
+    cfg = policy.default_for("sm_90a", 128, windowed)
+    assert cfg.persistent
+
+    def ops(config):
+        art = compile_config(config, "sm_90a", head_dim=128, windowed=windowed,
+                             out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, sass_text).spills
+        return histogram(parse(sass_text))
+
+    static, dynamic = ops(cfg), ops(cfg.replace(dynamic_tiles=True))
+    assert static["ATOMG"] == 0 and dynamic["ATOMG"] == 2
+    assert dynamic["HGMMA"] == static["HGMMA"] and dynamic["STG"] == static["STG"] + 2
+
+
 def spills_between_mmas(instructions) -> list:
     """The local-memory loads and stores between a kernel's first and last HGMMA."""
     mmas = [i for i, ins in enumerate(instructions) if ins.opcode.startswith("HGMMA")]
@@ -387,6 +406,10 @@ def test_overlap_and_pingpong_are_wgmma_knobs():
     for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv"):
         with pytest.raises(ConfigError, match="need wgmma"):
             ladder.k07.replace(**{knob: True})
+    with pytest.raises(ConfigError, match="need wgmma"):
+        ladder.LAB_VARIANTS["persistent"].replace(dynamic_tiles=True)
+    with pytest.raises(ConfigError, match="needs persistent"):
+        policy.default_for("sm_90a", 128).replace(persistent=False, dynamic_tiles=True)
     with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
         policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False,
                                                   rescale_o_before_pv=True)

@@ -220,8 +220,9 @@ def test_tma_kv_loads_needs_sm90() -> None:
 def test_l2_section_mb_sizes_only_the_longest_first_order():
     assert FlashConfig(lpt=True, l2_section_mb=16).short_name().endswith("+lpt_l2_16mb")
     assert FlashConfig(lpt=True).short_name().endswith("+lpt")
+    assert FlashConfig(lpt=True, l2_section_mb=1024).short_name().endswith("+lpt_l2_1024mb")
     with pytest.raises(ConfigError, match="needs lpt"):
         FlashConfig(l2_section_mb=16)
-    for bad in (0, 65, True, 8.0):
+    for bad in (0, 1025, True, 8.0):
         with pytest.raises(ConfigError, match="l2_section_mb must be"):
             FlashConfig(lpt=True, l2_section_mb=bad)

@@ -437,6 +437,36 @@ def test_wgmma_persistent(head_dim, knobs, window):
     check_varlen(window, torch.bfloat16, config, head_dim)
 
 
+@pytest.mark.parametrize("head_dim,knobs", [(128, {}), (64, {}),
+                                            (256, {"lpt": True, "l2_section_mb": 1024})],
+                         ids=["hd128", "hd64", "hd256-global-lpt"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
+def test_wgmma_dynamic_tiles(head_dim, knobs, window):
+    """``dynamic_tiles``: persistent CTAs draw their tiles from a counter. Several launches
+    back to back on one stream are each right (the last CTA of each resets the counter, and
+    leaves it zero), dense with tails and GQA, fewer tiles than CTAs, packed sequences with
+    empty ones (tiles without rows are drawn and skipped), and on a second stream (its own
+    counter)."""
+    from attnlab import counters
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        persistent=True, dynamic_tiles=True, **knobs)
+    q, k, v = dense_inputs(2, 1999, 2011, 16, 4, head_dim, torch.bfloat16, seed=head_dim)
+    for _ in range(3):
+        check_dense(q, k, v, window=window, config=config)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        check_dense(q, k, v, window=window, config=config)
+    q, k, v = dense_inputs(1, 100, 333, 2, 1, head_dim, torch.bfloat16, seed=head_dim + 1)
+    check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.bfloat16, config, head_dim)
+    torch.cuda.synchronize()
+    assert len(counters._counters) >= 2
+    assert all(int(c.abs().sum()) == 0 for c in counters._counters.values())
+
+
 @pytest.mark.parametrize("kernel", ["mma_sync", "mma_sync_persistent", "wgmma"])
 @pytest.mark.parametrize("window", [(-1, 0), (64, 0)], ids=["causal", "win"])
 def test_longest_first_over_l2_sections(kernel, window):

@@ -108,7 +108,7 @@ def test_refuses_misaligned_operands():
 
 
 def test_serial_split_k_is_deterministic_and_leaves_counters_zero():
-    from attnlab.gemm.api import _counters
+    from attnlab.counters import _counters
 
     a, b = operands(192, 264, 4096, torch.bfloat16, seed=4)
     cfg = GemmConfig(block_m=64, block_n=128, split_k=8, split_mode="serial")

@@ -62,6 +62,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64, True)
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
+    assert {(c.persistent, c.dynamic_tiles) for c in masked} == {
+        (False, False), (True, False), (True, True)}
     assert len(masked) == 3 * len({c.replace(lpt=False, l2_section_mb=40) for c in masked})
 
 

@@ -158,6 +158,13 @@ class FlashConfig:
         l2_section_mb: with ``lpt``, the K and V bytes (MiB) one L2 section of heads may
             keep resident: fewer heads per section read K/V from L2 more often, more heads
             leave fewer tiles of the tail unbalanced.
+        dynamic_tiles: (wgmma, persistent) after its first tile, a CTA takes the next one in
+            launch order from a counter in global memory (an atomic add; FA3's scheduler for
+            causal and packed batches), so the next tile goes to whichever CTA is free first,
+            as the hardware's grid hands them out, instead of the fixed snake that some
+            masks leave unbalanced (``tile_scheduler.snake_imbalance``). The producer warp
+            takes the tile and passes it to the consumers beside Q; the last CTA to finish
+            sets the counter back to zero (``attnlab.counters``).
     """
 
     block_m: int = 64
@@ -189,6 +196,7 @@ class FlashConfig:
     rescale_o_before_pv: bool = False
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
+    dynamic_tiles: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -265,9 +273,10 @@ class FlashConfig:
         if self.wgmma:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
-              or self.rescale_o_before_pv):
-            raise ConfigError("intra_wg_overlap, pingpong, fence_p and rescale_o_before_pv "
-                              "schedule warpgroup MMAs: they need wgmma")
+              or self.rescale_o_before_pv or self.dynamic_tiles):
+            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv and "
+                              "dynamic_tiles schedule the warpgroup-MMA kernel: they need "
+                              "wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -284,6 +293,9 @@ class FlashConfig:
                 f"num_warps={self.num_warps}")
         if not self.tma_kv_loads:
             raise ConfigError("wgmma loads Q/K/V with TMA: set tma_kv_loads")
+        if self.dynamic_tiles and not self.persistent:
+            raise ConfigError("dynamic_tiles hands persistent CTAs their tiles: it needs "
+                              "persistent")
         if self.rescale_o_before_pv and not self.intra_wg_overlap:
             raise ConfigError("rescale_o_before_pv moves O's rescale under the next block's "
                               "Q K^T: it needs intra_wg_overlap")
@@ -326,7 +338,7 @@ class FlashConfig:
             if self.fused_softmax:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
-                                        "rescale_o_before_pv", "persistent")
+                                        "rescale_o_before_pv", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)

@@ -17,6 +17,7 @@ import torch
 
 from attnlab import device, dispatch, kernel_cache
 from attnlab.config import FlashConfig
+from attnlab.counters import tile_counters
 from attnlab.kernels.abi import ForwardSpec, encode_window, row_head_strides
 from attnlab.validation import Problem, check_data_pointers, describe
 
@@ -33,7 +34,7 @@ class Launch:
     """
 
     __slots__ = ("fn", "softmax_scale", "left", "right", "max_seqlen_q", "num_ctas",
-                 "spec")
+                 "spec", "dynamic_tiles")
 
     def __init__(self, fn: Any, softmax_scale: float = 1.0, window: tuple[int, int] = (0, 0),
                  max_seqlen_q: int = 0, num_ctas: int | None = None,
@@ -44,13 +45,15 @@ class Launch:
         self.max_seqlen_q = max_seqlen_q
         self.num_ctas = num_ctas
         self.spec = spec
+        self.dynamic_tiles = spec is not None and spec.config.dynamic_tiles
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None = None,
                  cu_seqlens_k: torch.Tensor | None = None) -> None:
         if self.fn is not None:
+            counter = tile_counters(q.device, 2) if self.dynamic_tiles else None
             self.fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, self.softmax_scale,
-                    self.left, self.right, self.max_seqlen_q, self.num_ctas)
+                    self.left, self.right, self.max_seqlen_q, self.num_ctas, counter)
         elif q.numel():
             out.zero_()
             if lse is not None:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 import torch
 
 from attnlab import device, kernel_cache
+from attnlab.counters import tile_counters
 from attnlab.gemm import matmul
-from attnlab.gemm.api import refuse_autograd, tile_counters
+from attnlab.gemm.api import refuse_autograd
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec, output_size

@@ -13,6 +13,7 @@ import math
 import torch
 
 from attnlab import device, kernel_cache
+from attnlab.counters import tile_counters
 from attnlab.gemm.dispatch import Plan, plan
 from attnlab.gemm_config import GemmConfig, element_bytes
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, ReduceSpec, binary_config
@@ -207,22 +208,6 @@ class _GemmCall:
         c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
         self.reduce(partials, c)
         return c
-
-
-#: Serial split-K's tile counters, per (device, stream): zero between launches (the kernel
-#: leaves them so), never shared by launches that may run at once.
-_counters: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` zeroed int32 tile counters for launches on the current stream."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(),
-           torch.cuda.current_stream(dev).cuda_stream)
-    counters = _counters.get(key)
-    if counters is None or counters.numel() < count:
-        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=dev)
-        _counters[key] = counters
-    return counters
 
 
 def tuned(info: device.DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int

@@ -144,6 +144,9 @@ class ForwardArgs(NamedTuple):
         max_seqlen_q: the longest query sequence (dense: Sq); sizes the grid.
         num_ctas: the grid of a ``persistent`` config (CTAs looping over tiles); None
             otherwise.
+        tile_counter: int32, at least two elements, zero before the launch and left zero
+            (``attnlab.counters``): the tile counter of a ``dynamic_tiles`` config; None
+            otherwise.
     """
 
     q: Any
@@ -158,6 +161,7 @@ class ForwardArgs(NamedTuple):
     window_right: Any
     max_seqlen_q: Any
     num_ctas: Any
+    tile_counter: Any = None
 
 
 def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
@@ -175,7 +179,8 @@ def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
     return ForwardArgs(
         *tiles, lse, cu_q, cu_k, cutlass.Float32(1.0),
         cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
-        cutlass.Int32(1) if spec.config.persistent else None)
+        cutlass.Int32(1) if spec.config.persistent else None,
+        _fake_cu_seqlens() if spec.config.dynamic_tiles else None)
 
 
 @dataclass(frozen=True)

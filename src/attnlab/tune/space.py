@@ -101,7 +101,8 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
 def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
                       windowed: bool) -> list[FlashConfig]:
     """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong),
-    on each grid (one CTA per tile, or persistent); where B_c is not a power of two, with and
+    on each grid (one CTA per tile, or persistent; under a mask also persistent with
+    ``dynamic_tiles``); where B_c is not a power of two, with and
     without P pinned (``fence_p``: it changes how ptxas issues the P V GEMM only at those
     widths); under a mask, in each tile order (per head, or ``lpt`` with sections of
     ``LPT_SECTION_MB``: it helped at some head dims, hurt at hd128, and its best section size
@@ -110,12 +111,16 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
         else [(config.lpt, config.l2_section_mb)]
     around = []
-    for stages, overlap, pingpong, fence, (lpt, section_mb), persistent in itertools.product(
-            WGMMA_STAGES, (False, True), (False, True), fences, orders, (False, True)):
+    # (persistent, dynamic_tiles): under a mask the tiles' lengths differ, and a counter
+    # balances what the fixed walk may not.
+    grids = [(False, False), (True, False)] + ([(True, True)] if windowed else [])
+    for stages, overlap, pingpong, fence, (lpt, section_mb), (persistent, dynamic) in \
+            itertools.product(WGMMA_STAGES, (False, True), (False, True), fences, orders, grids):
         try:
             candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
                                        pingpong=pingpong, fence_p=fence, lpt=lpt,
-                                       l2_section_mb=section_mb, persistent=persistent)
+                                       l2_section_mb=section_mb, persistent=persistent,
+                                       dynamic_tiles=dynamic)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:

@@ -47,6 +47,7 @@ class ForwardKernel(AttentionKernel):
         window_right: cutlass.Int32,
         max_seqlen_q: cutlass.Int32,
         num_ctas: cutlass.Int32 | None,
+        tile_counter: cute.Tensor | None,
         stream: cuda.CUstream,
     ):
         """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
@@ -54,7 +55,7 @@ class ForwardKernel(AttentionKernel):
         # The same arguments, the tensors as the kernels index them.
         views = ForwardArgs(*problem_tensors((q, k, v, out, lse), self.varlen), cu_seqlens_q,
                             cu_seqlens_k, softmax_scale, window_left, window_right,
-                            max_seqlen_q, num_ctas)
+                            max_seqlen_q, num_ctas, tile_counter)
         self.launch(views, num_seqs, stream)
 
     def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):

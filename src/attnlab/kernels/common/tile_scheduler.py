@@ -10,6 +10,11 @@ K/V head, ``first_is_longest``). Two grids:
   position ``c`` of the even waves and ``num_ctas - 1 - c`` of the odd ones (a snake): with
   the tiles longest first, a fixed stride would give CTA 0 the longest tile of every wave,
   where the hardware's grid hands the next tile to whichever CTA finishes first.
+* **Dynamic** (``dynamic_tiles``, with a persistent grid): after its first tile (its block
+  index), a CTA takes the next tile in launch order from a counter in global memory, as the
+  hardware's grid would give it; one thread of the CTA asks (``next_tile``) and passes it on.
+  Once a CTA has drawn past the last tile it counts itself out (``count_out``), and the last
+  to do so sets the counter back to zero for the next launch on its stream.
 
 The launch order depends on the mask:
 
@@ -46,6 +51,27 @@ def snake_count(cta, ctas, num_tiles):
     waves = num_tiles // ctas
     last_place = snake_tile(cta, ctas, waves) - waves * ctas
     return waves + cutlass.min(cutlass.max(num_tiles - waves * ctas - last_place, 0), 1)
+
+
+@cute.jit
+def next_tile(counter: cute.Tensor, ctas) -> cutlass.Int32:
+    """The next tile for the calling thread's CTA: the tiles before ``ctas`` are the CTAs'
+    first ones; the others are drawn from ``counter[0]`` in launch order."""
+    return ctas + cute.arch.atomic_add(counter.iterator, cutlass.Int32(1), sem="relaxed",
+                                       scope="gpu")
+
+
+@cute.jit
+def count_out(counter: cute.Tensor, ctas) -> None:
+    """The calling thread's CTA will draw no more tiles: count it out at ``counter[1]``; the
+    last of ``ctas`` resets both counters (every CTA drew its last tile before counting
+    out, so nothing draws after the reset)."""
+    cute.arch.fence_acq_rel_gpu()
+    done = cute.arch.atomic_add(counter.iterator + 1, cutlass.Int32(1), sem="acq_rel",
+                                scope="gpu")
+    if done == ctas - 1:
+        counter[0] = 0
+        counter[1] = 0
 
 
 def snake_imbalance(scheduler: "TileScheduler", ctas: int, blocks_of_row_block) -> float:
@@ -118,6 +144,32 @@ class TileScheduler:
                 tile, step = tile + step, 2 * ctas - step
         else:
             carried = body(*self.tile(), carried)
+        return carried
+
+    @cute.jit
+    def draw_each_tile(self, body, carried, counter: cute.Tensor):
+        """``dynamic_tiles``, one warp: ``carried = body(tile, m_block, seq, head, carried)``
+        for the CTA's first tile and each one ``counter`` hands out after it; returns the
+        last ``carried``. The warp's first lane draws; the caller counts the CTA out."""
+        ctas, _, _ = cute.arch.grid_dim()
+        tile, _, _ = cute.arch.block_idx()
+        while tile < self.num_tiles():
+            carried = body(tile, *self.coords(tile), carried)
+            drawn = cutlass.Int32(0)
+            if cute.arch.lane_idx() == 0:
+                drawn = next_tile(counter, ctas)
+            tile = cute.arch.shuffle_sync(drawn, 0)
+        return carried
+
+    @cute.jit
+    def take_each_tile(self, body, carried, receive):
+        """``dynamic_tiles``, the CTA's other warps: ``tile, carried = receive(carried)``
+        gives the tiles the drawing warp passes on, ``carried = body(m_block, seq, head,
+        carried)`` runs each, until one past the last."""
+        tile, carried = receive(carried)
+        while tile < self.num_tiles():
+            carried = body(*self.coords(tile), carried)
+            tile, carried = receive(carried)
         return carried
 
     def tile(self) -> tuple:

@@ -72,7 +72,7 @@ from attnlab.kernels.common.layouts import (
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
-from attnlab.kernels.common.tile_scheduler import TileScheduler
+from attnlab.kernels.common.tile_scheduler import TileScheduler, count_out
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
@@ -173,7 +173,7 @@ class FlashForwardSm90(ForwardKernel):
         self.kernel(
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
-            SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2],
+            SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2], t.tile_counter,
         ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
@@ -194,7 +194,10 @@ class FlashForwardSm90(ForwardKernel):
             "sV": shared_tile(self.dtype, sV_layout),
             "q_bars": cute.struct.MemRange[cutlass.Int64, 2],
             "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
-            "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]})
+            "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+            # ``dynamic_tiles``: the tile of each Q stage, two deep (by the Q ring's count),
+            # so the producer can write the next while the consumers read this one.
+            "tile_slots": cute.struct.MemRange[cutlass.Int32, 2]})
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -206,7 +209,7 @@ class FlashForwardSm90(ForwardKernel):
                softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
                sQ_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
                num_m_blocks: cutlass.Int32, num_seqs: cutlass.Int32,
-               heads_per_kv: cutlass.Int32):
+               heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -230,14 +233,20 @@ class FlashForwardSm90(ForwardKernel):
         cute.arch.sync_threads()
         tiles = (tma_q, tma_k, tma_v, mCuQ, mCuK, window_left, window_right, heads_per_kv)
 
+        slots = storage.tile_slots.get_tensor(cute.make_layout(2))
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
-                self.tile_scheduler(*tile_grid).for_each_tile(
-                    lambda m_block, seq, head, states: self._produce(
-                        self._tile(m_block, seq, head, *tiles), tma_q, tma_k, tma_v, sQ, sK,
-                        sV, pipes, states),
-                    lambda: None, self._ring_states(pipeline.PipelineUserType.Producer))
+                produce = lambda m_block, seq, head, states: self._produce(  # noqa: E731
+                    self._tile(m_block, seq, head, *tiles), tma_q, tma_k, tma_v, sQ, sK, sV,
+                    pipes, states)
+                states = self._ring_states(pipeline.PipelineUserType.Producer)
+                if cutlass.const_expr(cfg.dynamic_tiles):
+                    self._produce_dynamic(self.tile_scheduler(*tile_grid), produce, states,
+                                          mTileCounter, slots, tma_q, sQ, pipes[0])
+                else:
+                    self.tile_scheduler(*tile_grid).for_each_tile(produce, lambda: None,
+                                                                  states)
         else:
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             ctidx = tidx - 128
@@ -247,12 +256,16 @@ class FlashForwardSm90(ForwardKernel):
                     # The first turn at the tensor cores is warpgroup 0's. Once per CTA: a
                     # persistent CTA's last turn of a tile hands over to its next tile's first.
                     NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
-            self.tile_scheduler(*tile_grid).for_each_tile(
-                lambda m_block, seq, head, states: self._consume(
-                    self._tile(m_block, seq, head, *tiles), ctidx, wg, mma_qk, mma_pv, sQ, sO,
-                    sK, sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right,
-                    states),
-                lambda: None, self._ring_states(pipeline.PipelineUserType.Consumer))
+            consume = lambda m_block, seq, head, states: self._consume(  # noqa: E731
+                self._tile(m_block, seq, head, *tiles), ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
+                sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right, states,
+                waited=cfg.dynamic_tiles)
+            states = self._ring_states(pipeline.PipelineUserType.Consumer)
+            if cutlass.const_expr(cfg.dynamic_tiles):
+                self._consume_dynamic(self.tile_scheduler(*tile_grid), consume, states, slots,
+                                      pipes[0])
+            else:
+                self.tile_scheduler(*tile_grid).for_each_tile(consume, lambda: None, states)
             if cutlass.const_expr(cfg.stages_o_apart(self.head_dim)):
                 if ctidx < 32:
                     # The last tile's O store must have read its tile before the CTA ends.
@@ -262,6 +275,46 @@ class FlashForwardSm90(ForwardKernel):
         """The positions in Q's ring and in the K/V ring, carried from tile to tile."""
         return (pipeline.make_pipeline_state(user, 1),
                 pipeline.make_pipeline_state(user, self.cfg.kv_stages))
+
+    @cute.jit
+    def _produce_dynamic(self, scheduler: TileScheduler, produce, states: tuple,
+                         counter: cute.Tensor, slots: cute.Tensor, tma_q: tuple,
+                         sQ: cute.Tensor, q_pipe) -> None:
+        """The producer warp's walk with ``dynamic_tiles``: each tile drawn goes to the
+        consumers in the slot of its Q stage; then a tile past the last tells them to stop,
+        delivered with a Q load like any other (the load's bytes complete the barrier)."""
+        states = scheduler.draw_each_tile(
+            lambda tile, m_block, seq, head, states: produce(
+                m_block, seq, head, self._publish(slots, states, tile)),
+            states, counter)
+        q_state, _ = self._publish(slots, states, scheduler.num_tiles())
+        q_smem, q_gmem = tile_partition(tma_q, sQ, (self.cfg.block_m, self.head_dim),
+                                        (None, 0), 0, 0)
+        self._load(q_pipe, q_state, tma_q, q_smem, q_gmem, 0)
+        if cute.arch.lane_idx() == 0:
+            ctas, _, _ = cute.arch.grid_dim()
+            count_out(counter, ctas)
+
+    @cute.jit
+    def _publish(self, slots: cute.Tensor, states: tuple, tile) -> tuple:
+        """``tile`` into the slot of the next Q stage (a tile without rows is not loaded, so
+        the next one overwrites it); returns ``states``."""
+        q_state, _ = states
+        if cute.arch.lane_idx() == 0:
+            slots[q_state.count % 2] = tile
+        return states
+
+    @staticmethod
+    def _consume_dynamic(scheduler: TileScheduler, consume, states: tuple,
+                         slots: cute.Tensor, q_pipe) -> None:
+        """The consumers' walk with ``dynamic_tiles``: each tile from the slot of its Q stage,
+        read once Q has landed, until the producer's tile past the last."""
+
+        def receive(states):
+            q_pipe.consumer_wait(states[0])
+            return slots[states[0].count % 2], states
+
+        scheduler.take_each_tile(consume, states, receive)
 
     def _tma_pipeline(self, barriers: cute.Pointer, staged_layout, stages: int):
         """The full/empty barriers of a ring of TMA tiles: one producer thread arms a stage for
@@ -352,11 +405,14 @@ class FlashForwardSm90(ForwardKernel):
                  mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor, sK: cute.Tensor,
                  sV: cute.Tensor, pipes: list, o_store: tuple, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, window_left, window_right,
-                 states: tuple) -> tuple:
+                 states: tuple, waited: cutlass.Constexpr = False) -> tuple:
         """A consumer warpgroup's share of one tile (none past the end of a packed
-        sequence); returns the rings' states after it."""
+        sequence); returns the rings' states after it. ``waited``: Q has landed (the
+        dynamic walk waits for it to read the tile)."""
         q_state, state = states
         if tile.has_rows:
+            if cutlass.const_expr(not waited):
+                pipes[0].consumer_wait(q_state)
             q_state, state = self._consume_rows(tile, ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
                                                 sV, pipes, o_store, mLSE, softmax_scale,
                                                 window_left, window_right, q_state, state)
@@ -393,7 +449,6 @@ class FlashForwardSm90(ForwardKernel):
             (cfg.block_m, cfg.block_n))))
 
         q_pipe, kv_pipes = pipes[0], pipes[1:]
-        q_pipe.consumer_wait(q_state)
         operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, kv_pipes,
                     tScS_mn, tile.row0, tile.seqlen_q, tile.seqlen_k, window_left,
                     window_right, wg)
