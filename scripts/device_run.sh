@@ -8,6 +8,8 @@
 #   sm90     wgmma tile candidates per head dim against the peers (scripts/sm90_candidates.py;
 #            later arguments go to it, e.g. --head-dims 96,192)
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
+#   dynamic  the persistent forward's GPU tests (static and dynamic walks), then the candidates
+#            at the masked points the static walk leaves unbalanced (causal 8k and 16k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
@@ -54,6 +56,14 @@ case $mode in
     ;;
   table)
     python3 scripts/hopper_table.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  dynamic)
+    python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_features_gpu.py \
+      -k "dynamic or persistent" 2>&1 | tee -a "$log" | tail -15
+    for seqlen in 16384 8192; do
+      python3 scripts/sm90_candidates.py --head-dims 128,256 --masks causal --seqlen "$seqlen" \
+        --runs 15 --out "$OUT/$seqlen" 2>&1 | grep -v Warning | tee -a "$log"
+    done
     ;;
   hopper)
     for hd in 64 128; do

@@ -500,7 +500,10 @@ def audit_command(
     chosen = family or list(known)
     for name in chosen:
         _choice(name, list(known), "--family")
-    folder = artifacts if artifacts is not None else DEFAULT_ARTIFACT_DIR
+    from attnlab.kernel_cache import fingerprint
+
+    # Under the sources' fingerprint, as compile_config keeps them: an edit compiles anew.
+    folder = artifacts if artifacts is not None else DEFAULT_ARTIFACT_DIR / fingerprint()
     total = sum(len(known[name]) for name in chosen)
     with progress_bar() as progress:
         task = progress.add_task(f"cross-compiling for {arch}", total=total)
