@@ -31,7 +31,7 @@ _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
 #: The persistent grid in the longest-first order over one section of every head: the only
 #: order whose tiles shorten steadily through the launch, which the snake balances (the host
-#: model, ``tile_scheduler.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
+#: model, ``tile_order.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
 #: what it costs in L2 is the question. With ``dynamic_tiles`` any order balances.
 _GLOBAL_LPT = {"lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {

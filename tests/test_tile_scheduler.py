@@ -5,12 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnlab.kernels.common import mask, tile_order
+from attnlab.kernels.common.tile_order import snake_imbalance
 from attnlab.kernels.common.tile_scheduler import (
     TileScheduler,
     heads_per_section,
     longest_first,
     snake_count,
-    snake_imbalance,
     snake_tile,
 )
 
@@ -121,11 +122,35 @@ def test_backward_order_takes_first_blocks_first(n_blocks, seqs, heads, lpt, sec
 def test_snake_imbalance_sees_the_sawtooth_of_a_heads_row_blocks():
     """Causal tiles (row block m sees m + 1 blocks) in the per-head order: even over 32 row
     blocks x 64 heads on 132 CTAs, over 1.5x the average over 128 row blocks x 16 heads (a
-    sawtooth whose period is near a wave); equal tiles are even whatever the count."""
-    def imbalance(m_blocks, heads, length):
-        return snake_imbalance(TileScheduler(m_blocks, 1, heads, persistent=True,
-                                             windowed=True), 132, length)
+    sawtooth whose period is near a wave); equal tiles are even whatever the count; the
+    longest-first order over one section of every head is even."""
+    assert snake_imbalance(32, 1, 64, True, None, 132, lambda m: m + 1) <= 1.05
+    assert snake_imbalance(128, 1, 16, True, None, 132, lambda m: m + 1) > 1.5
+    assert snake_imbalance(128, 1, 16, True, None, 132, lambda m: 3) <= 1.05
+    assert snake_imbalance(128, 1, 16, True, 16, 132, lambda m: m + 1) <= 1.05
 
-    assert imbalance(32, 64, lambda m: m + 1) <= 1.05
-    assert imbalance(128, 16, lambda m: m + 1) > 1.5
-    assert imbalance(128, 16, lambda m: 3) <= 1.05
+
+@given(m_blocks=st.integers(1, 9), seqs=st.integers(1, 4), heads=st.integers(1, 5),
+       windowed=st.booleans(), lpt=st.booleans(), section=st.integers(1, 7),
+       ctas=st.integers(1, 12))
+def test_snake_imbalance_is_the_walk_of_the_kernels_order(m_blocks, seqs, heads, windowed,
+                                                          lpt, section, ctas):
+    """The host model (CPU tensors) sums the same tiles per CTA as the kernels' walk
+    (``snake_tile``/``snake_count`` over ``TileScheduler.coords``) on Python ints."""
+    scheduler = TileScheduler(m_blocks, seqs, heads, persistent=True, windowed=windowed,
+                              lpt=lpt, section=section)
+    total = scheduler.num_tiles()
+    loads = [sum(scheduler.coords(snake_tile(c, ctas, w))[0] + 1
+                 for w in range(snake_count(c, ctas, total))) for c in range(ctas)]
+    model = snake_imbalance(m_blocks, seqs, heads, scheduler.reverse,
+                            section if scheduler.lpt else None, ctas, lambda m: m + 1)
+    assert abs(model - max(loads) * ctas / sum(loads)) < 1e-9
+
+
+@given(row0=st.integers(0, 3000), seqlen_q=st.integers(1, 3000), seqlen_k=st.integers(1, 3000),
+       left=st.integers(0, 4000), right=st.integers(0, 4000), windowed=st.booleans())
+def test_the_kernels_block_range_is_the_hosts(row0, seqlen_q, seqlen_k, left, right, windowed):
+    """``mask.kv_block_range`` (the DSL's operations, here on Python ints) and the host's
+    ``tile_order.kv_block_range`` give the same blocks."""
+    args = (row0, seqlen_q, seqlen_k, left, right, 128, 80, windowed)
+    assert mask.kv_block_range(*args) == tile_order.kv_block_range(*args)

@@ -162,7 +162,7 @@ class FlashConfig:
             launch order from a counter in global memory (an atomic add; FA3's scheduler for
             causal and packed batches), so the next tile goes to whichever CTA is free first,
             as the hardware's grid hands them out, instead of the fixed snake that some
-            masks leave unbalanced (``tile_scheduler.snake_imbalance``). The producer warp
+            masks leave unbalanced (``tile_order.snake_imbalance``). The producer warp
             takes the tile and passes it to the consumers beside Q; the last CTA to finish
             sets the counter back to zero (``attnlab.counters``).
     """

@@ -93,24 +93,24 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
 def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
     """Whether a persistent grid (one CTA per SM) walks a masked problem's tiles with its
     busiest CTA within ``MAX_IMBALANCE`` of the average. Packed sequences are not: their
-    tiles' lengths are not known on the host."""
+    tiles' lengths are not known on the host. (``tile_order``: the kernels' arithmetic
+    without importing the DSL.)"""
     from attnlab.kernels.abi import encode_window
-    from attnlab.kernels.common.mask import kv_block_range
-    from attnlab.kernels.common.tile_scheduler import (
-        TileScheduler,
+    from attnlab.kernels.common.tile_order import (
         heads_per_section,
+        kv_block_range,
         snake_imbalance,
     )
 
     if problem.varlen:
         return False
     left, right = encode_window(problem.window)
-    m_blocks = -(-problem.seqlen_q // config.block_m)
-    section = heads_per_section(problem.seqlen_k, 2 * problem.head_dim * problem.dtype.itemsize,
-                                problem.num_heads // problem.num_heads_kv,
-                                config.l2_section_mb << 20)
-    scheduler = TileScheduler(m_blocks, problem.batch, problem.num_heads, True, True,
-                              config.lpt, section)
+    section = None
+    if config.lpt:
+        section = heads_per_section(problem.seqlen_k,
+                                    2 * problem.head_dim * problem.dtype.itemsize,
+                                    problem.num_heads // problem.num_heads_kv,
+                                    config.l2_section_mb << 20)
 
     def blocks(m_block: int) -> int:
         n_min, n_max = kv_block_range(m_block * config.block_m, problem.seqlen_q,
@@ -118,4 +118,6 @@ def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
                                       config.block_n, True)
         return n_max - n_min
 
-    return snake_imbalance(scheduler, gpu.multiprocessors, blocks) <= MAX_IMBALANCE
+    m_blocks = -(-problem.seqlen_q // config.block_m)
+    return snake_imbalance(m_blocks, problem.batch, problem.num_heads, True, section,
+                           gpu.multiprocessors, blocks) <= MAX_IMBALANCE

@@ -60,7 +60,7 @@ from attnlab.kernels.common.tensors import (
     sequence_extent,
     sequence_rows,
 )
-from attnlab.kernels.common.tile_scheduler import TileScheduler, heads_per_section
+from attnlab.kernels.common.tile_scheduler import DSL_OPS, TileScheduler, heads_per_section
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 
 LOG2_E = math.log2(math.e)
@@ -207,7 +207,7 @@ class BackwardKernel(AttentionKernel):
                 rows = cutlass.max(rows // num_seqs, 1)
             # Q and dO (16-bit) and dQ's fp32 accumulator, per row of each query head.
             section = heads_per_section(rows, group * self.head_dim * 8, 1,
-                                        L2_SECTION_MB << 20)
+                                        L2_SECTION_MB << 20, DSL_OPS)
         return TileScheduler(num_n_blocks, num_seqs, mK.shape[2], False, self.windowed,
                              self.cfg.lpt, section, first_is_longest=True)
 

@@ -13,7 +13,7 @@ import cutlass.cute as cute
 
 from attnlab.kernels.abi import ForwardArgs
 from attnlab.kernels.common.tensors import element_type, problem_tensors
-from attnlab.kernels.common.tile_scheduler import TileScheduler, heads_per_section
+from attnlab.kernels.common.tile_scheduler import DSL_OPS, TileScheduler, heads_per_section
 
 
 class AttentionKernel:
@@ -74,7 +74,7 @@ class ForwardKernel(AttentionKernel):
             if cutlass.const_expr(self.varlen):
                 kv_rows = cutlass.max(kv_rows // num_seqs, 1)
             section = heads_per_section(kv_rows, 2 * self.head_dim * self.dtype.width // 8,
-                                        heads_per_kv, self.cfg.l2_section_mb << 20)
+                                        heads_per_kv, self.cfg.l2_section_mb << 20, DSL_OPS)
         return TileScheduler(num_m_blocks, num_seqs, num_heads, persistent, self.windowed,
                              self.cfg.lpt, section)
 

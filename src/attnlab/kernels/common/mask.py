@@ -16,23 +16,17 @@ pay for. (The order of row blocks that follows from the band is the tile schedul
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.common import tile_order
 from attnlab.kernels.common.layouts import acc_mn_view
+from attnlab.kernels.common.tile_scheduler import DSL_OPS
 
 
 def kv_block_range(row0, seqlen_q, seqlen_k, left, right, block_m: int, block_n: int,
                    windowed: bool):
-    """``[n_min, n_max)``: the K/V blocks some row of ``[row0, row0 + block_m)`` may attend."""
-    n_max = cute.ceil_div(seqlen_k, block_n)
-    n_min = 0
-    if windowed:
-        off = seqlen_k - seqlen_q
-        last_row = cutlass.min(row0 + block_m, seqlen_q) - 1
-        # One past the last key any row of the tile sees; at most Sk, at least 0.
-        end = cutlass.max(cutlass.min(last_row + off + right + 1, seqlen_k), 0)
-        n_max = cute.ceil_div(end, block_n)
-        n_min = cutlass.max(row0 + off - left, 0) // block_n
-        n_min = cutlass.min(n_min, n_max)
-    return n_min, n_max
+    """``[n_min, n_max)``: the K/V blocks some row of ``[row0, row0 + block_m)`` may attend
+    (``tile_order.kv_block_range`` on DSL values)."""
+    return tile_order.kv_block_range(row0, seqlen_q, seqlen_k, left, right, block_m, block_n,
+                                     windowed, DSL_OPS)
 
 
 def masked_block_bounds(row0, seqlen_q, seqlen_k, left, right, n_min, n_max, block_m: int,

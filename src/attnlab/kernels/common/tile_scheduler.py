@@ -32,17 +32,19 @@ The launch order depends on the mask:
 import cutlass
 import cutlass.cute as cute
 
+from attnlab.kernels.common.tile_order import (
+    IntOps,
+    heads_per_section,
+    longest_first,
+    snake_tile,
+    tile_coords,
+)
 
-def longest_first(m_block, num_m_blocks, windowed: bool):
-    """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
-    blocks, which see the most keys under a causal band, start first."""
-    return num_m_blocks - 1 - m_block if windowed else m_block
+#: The DSL's integer operations, for the arithmetic of ``tile_order`` on traced values.
+DSL_OPS = IntOps(cutlass.min, cutlass.max, cute.ceil_div)
 
-
-def snake_tile(cta, ctas, wave):
-    """The tile persistent CTA ``cta`` of ``ctas`` takes in wave ``wave``: its place, counted
-    forwards in even waves and backwards in odd ones."""
-    return wave * ctas + cta + (wave % 2) * (ctas - 1 - 2 * cta)
+__all__ = ["DSL_OPS", "TileScheduler", "count_out", "heads_per_section", "longest_first",
+           "next_tile", "snake_count", "snake_tile"]
 
 
 def snake_count(cta, ctas, num_tiles):
@@ -72,27 +74,6 @@ def count_out(counter: cute.Tensor, ctas) -> None:
     if done == ctas - 1:
         counter[0] = 0
         counter[1] = 0
-
-
-def snake_imbalance(scheduler: "TileScheduler", ctas: int, blocks_of_row_block) -> float:
-    """How much more work the busiest of ``ctas`` persistent CTAs walking ``scheduler``'s
-    tiles gets than the average (1.0: perfectly even), a tile's work being its K/V blocks
-    (``blocks_of_row_block(m_block)``). Plain Python, on the host: the snake evens out tiles
-    that shorten steadily through the launch, not a sawtooth of lengths that repeats with a
-    period near a wave (e.g. 128 row blocks per head on 132 SMs)."""
-    blocks = [blocks_of_row_block(m) for m in range(scheduler.num_m_blocks)]
-    total = scheduler.num_tiles()
-    loads = [sum(blocks[scheduler.coords(snake_tile(c, ctas, w))[0]]
-                 for w in range(snake_count(c, ctas, total))) for c in range(ctas)]
-    return max(loads) * ctas / max(sum(loads), 1)
-
-
-def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int):
-    """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that
-    share a K/V head), as many K/V heads as fit in ``section_bytes`` (at least one; H100 and
-    H200 have 50 MB of L2, part of which Q, O and the other traffic take). ``kv_rows``: keys
-    per sequence; ``kv_row_bytes``: bytes of one key's K and V rows."""
-    return cutlass.max(section_bytes // kv_row_bytes // kv_rows, 1) * heads_per_kv
 
 
 class TileScheduler:
@@ -176,28 +157,12 @@ class TileScheduler:
         """This CTA's one tile (a grid of one CTA per tile)."""
         assert not self.persistent, "a persistent CTA takes its tiles from for_each_tile"
         if self.lpt:
-            return self._longest_first_coords(cute.arch.block_idx()[0])
+            return self.coords(cute.arch.block_idx()[0])
         m_block, seq, head = cute.arch.block_idx()
         return longest_first(m_block, self.num_m_blocks, self.reverse), seq, head
 
     def coords(self, tile) -> tuple:
-        """``(m_block, seq, head)`` of the ``tile``-th tile in launch order; plain arithmetic,
-        for DSL values or Python ints."""
-        if self.lpt:
-            return self._longest_first_coords(tile)
-        return (longest_first(tile % self.num_m_blocks, self.num_m_blocks, self.reverse),
-                (tile // self.num_m_blocks) % self.num_seqs,
-                tile // (self.num_m_blocks * self.num_seqs))
-
-    def _longest_first_coords(self, tile) -> tuple:
-        # (sequence, head) pairs are numbered head fastest, so a section holds whole GQA
-        # groups of one sequence; the last section may be narrower.
-        pairs = self.num_seqs * self.num_heads
-        section_tiles = self.section * self.num_m_blocks
-        section = tile // section_tiles
-        first_pair = section * self.section
-        width = cutlass.min(self.section, pairs - first_pair)
-        within = tile - section * section_tiles
-        pair = first_pair + within % width
-        m_block = longest_first(within // width, self.num_m_blocks, self.reverse)
-        return m_block, pair // self.num_heads, pair % self.num_heads
+        """``(m_block, seq, head)`` of the ``tile``-th tile in launch order
+        (``tile_order.tile_coords``; plain arithmetic, for DSL values or Python ints)."""
+        return tile_coords(tile, self.num_m_blocks, self.num_seqs, self.num_heads,
+                           self.reverse, self.section if self.lpt else None, DSL_OPS)

@@ -1,0 +1,109 @@
+"""The arithmetic of the tile order, without the DSL: the kernels trace it on DSL values
+(``tile_scheduler``, ``mask``) and the host evaluates it on integers or CPU tensors, e.g. to
+model how a persistent grid's CTAs share a launch's work (``snake_imbalance``) before
+choosing the grid (``attnlab.dispatch``). Importing it does not import the CuTe DSL, whose
+start-up the launch path of a cached kernel does not pay.
+
+The functions take the integer operations they need (``IntOps``): Python's by default, the
+DSL's in the kernels, torch's on tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+
+class IntOps(NamedTuple):
+    """``min``, ``max`` and a rounding-up division, for the values at hand."""
+
+    minimum: Callable[[Any, Any], Any]
+    maximum: Callable[[Any, Any], Any]
+    ceil_div: Callable[[Any, Any], Any]
+
+
+PYTHON_OPS = IntOps(min, max, lambda a, b: -(-a // b))
+
+
+def longest_first(m_block, num_m_blocks, windowed: bool):
+    """The row block a CTA of grid index ``m_block`` takes: in masked kernels the last row
+    blocks, which see the most keys under a causal band, start first."""
+    return num_m_blocks - 1 - m_block if windowed else m_block
+
+
+def snake_tile(cta, ctas, wave):
+    """The tile persistent CTA ``cta`` of ``ctas`` takes in wave ``wave``: its place, counted
+    forwards in even waves and backwards in odd ones."""
+    return wave * ctas + cta + (wave % 2) * (ctas - 1 - 2 * cta)
+
+
+def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int,
+                      ops: IntOps = PYTHON_OPS):
+    """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that
+    share a K/V head), as many K/V heads as fit in ``section_bytes`` (at least one; H100 and
+    H200 have 50 MB of L2, part of which Q, O and the other traffic take). ``kv_rows``: keys
+    per sequence; ``kv_row_bytes``: bytes of one key's K and V rows."""
+    return ops.maximum(section_bytes // kv_row_bytes // kv_rows, 1) * heads_per_kv
+
+
+def tile_coords(tile, num_m_blocks, num_seqs, num_heads, reverse: bool, section,
+                ops: IntOps = PYTHON_OPS) -> tuple:
+    """``(m_block, seq, head)`` of the ``tile``-th tile in launch order: by head (``section``
+    None), or longest first over L2 sections of ``section`` query heads (``reverse``: the row
+    blocks' lengths rise with their index, so the walk takes them backwards)."""
+    if section is None:
+        return (longest_first(tile % num_m_blocks, num_m_blocks, reverse),
+                (tile // num_m_blocks) % num_seqs, tile // (num_m_blocks * num_seqs))
+    # (sequence, head) pairs are numbered head fastest, so a section holds whole GQA groups
+    # of one sequence; the last section may be narrower.
+    pairs = num_seqs * num_heads
+    section_tiles = section * num_m_blocks
+    index = tile // section_tiles
+    first_pair = index * section
+    width = ops.minimum(section, pairs - first_pair)
+    within = tile - index * section_tiles
+    pair = first_pair + within % width
+    m_block = longest_first(within // width, num_m_blocks, reverse)
+    return m_block, pair // num_heads, pair % num_heads
+
+
+def kv_block_range(row0, seqlen_q, seqlen_k, left, right, block_m: int, block_n: int,
+                   windowed: bool, ops: IntOps = PYTHON_OPS):
+    """``[n_min, n_max)``: the K/V blocks some row of ``[row0, row0 + block_m)`` may attend
+    (``kernels/common/mask.py`` has the band's definition)."""
+    n_max = ops.ceil_div(seqlen_k, block_n)
+    n_min = 0
+    if windowed:
+        off = seqlen_k - seqlen_q
+        last_row = ops.minimum(row0 + block_m, seqlen_q) - 1
+        # One past the last key any row of the tile sees; at most Sk, at least 0.
+        end = ops.maximum(ops.minimum(last_row + off + right + 1, seqlen_k), 0)
+        n_max = ops.ceil_div(end, block_n)
+        n_min = ops.maximum(row0 + off - left, 0) // block_n
+        n_min = ops.minimum(n_min, n_max)
+    return n_min, n_max
+
+
+def snake_imbalance(num_m_blocks: int, num_seqs: int, num_heads: int, reverse: bool,
+                    section: int | None, ctas: int, blocks_of_row_block) -> float:
+    """How much more work the busiest of ``ctas`` persistent CTAs walking the launch's tiles
+    (``tile_coords``' order) as a snake gets than the average (1.0: even), a tile's work
+    being its K/V blocks (``blocks_of_row_block(m_block)``). Every tile at once, in CPU
+    tensors. The snake evens out tiles that shorten steadily through the launch, not a
+    sawtooth of lengths that repeats with a period near a wave (e.g. 128 row blocks per head
+    on 132 SMs)."""
+    import torch
+
+    def as_tensors(op):
+        return lambda a, b: op(torch.as_tensor(a), torch.as_tensor(b))
+
+    TORCH_OPS = IntOps(as_tensors(torch.minimum), as_tensors(torch.maximum), None)  # noqa: N806
+    blocks = torch.tensor([blocks_of_row_block(m) for m in range(num_m_blocks)])
+    total = num_m_blocks * num_seqs * num_heads
+    waves = torch.arange(total // ctas + 1)[:, None]
+    tiles = snake_tile(torch.arange(ctas)[None, :], ctas, waves)
+    taken = tiles < total
+    m_blocks = tile_coords(torch.where(taken, tiles, 0), num_m_blocks, num_seqs, num_heads,
+                           reverse, section, TORCH_OPS)[0]
+    loads = torch.where(taken, blocks[m_blocks], 0).sum(dim=0)
+    return loads.max().item() * ctas / max(loads.sum().item(), 1)
