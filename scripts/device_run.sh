@@ -9,7 +9,8 @@
 #            later arguments go to it, e.g. --head-dims 96,192)
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
 #   dynamic  the persistent forward's GPU tests (static and dynamic walks), then the candidates
-#            at the masked points the static walk leaves unbalanced (causal 8k and 16k)
+#            at the masked points the static walk leaves unbalanced (causal 8k and 16k) and
+#            the three-warpgroup masked tiles at narrower K/V blocks (causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
@@ -64,6 +65,8 @@ case $mode in
       python3 scripts/sm90_candidates.py --head-dims 128,256 --masks causal --seqlen "$seqlen" \
         --runs 15 --out "$OUT/$seqlen" 2>&1 | grep -v Warning | tee -a "$log"
     done
+    python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \
+      --runs 15 --out "$OUT/narrow" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   hopper)
     for hd in 64 128; do

@@ -34,11 +34,21 @@ _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
 #: model, ``tile_order.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
 #: what it costs in L2 is the question. With ``dynamic_tiles`` any order balances.
 _GLOBAL_LPT = {"lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
+_GRIDS = {"default": {}, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
+          "persistent_global_lpt": {**_PERSISTENT, **_GLOBAL_LPT},
+          "dynamic_global_lpt": {**_DYNAMIC, **_GLOBAL_LPT}}
+#: Three consumer warpgroups under a mask spill in the K/V loop once it is inside a loop over
+#: tiles (160 registers a thread; hd64 B_c 128: 54 stores); a narrower K/V block frees the
+#: registers of S (cross-compiled: hd32 and hd64 at B_c 96, hd96 at 80 or 64, no spill).
+_NARROW = {32: 96, 64: 96, 96: 80}
 VARIANTS: dict[int, dict[str, dict[str, object]]] = {
-    head_dim: {"default": {}, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
-               "persistent_global_lpt": {**_PERSISTENT, **_GLOBAL_LPT},
-               "dynamic_global_lpt": {**_DYNAMIC, **_GLOBAL_LPT}}
-    for head_dim in (64, 128, 192, 256)}
+    head_dim: {**_GRIDS, **({
+        f"bc{_NARROW[head_dim]}_persistent": {**_PERSISTENT, "block_n": _NARROW[head_dim],
+                                               "fence_p": True},
+        f"bc{_NARROW[head_dim]}_dynamic": {**_DYNAMIC, "block_n": _NARROW[head_dim],
+                                            "fence_p": True},
+    } if head_dim in _NARROW else {})}
+    for head_dim in (32, 64, 96, 128, 192, 256)}
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:
