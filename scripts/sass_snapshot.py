@@ -74,8 +74,9 @@ def spec_key(spec) -> str:
     """What identifies a kernel across commits: its config's fields and the variant (a
     field added since with its default value left out)."""
     if isinstance(spec, ForwardSpec):
-        return json.dumps([spec.config.to_dict(), spec.arch, spec.dtype, spec.head_dim,
-                           spec.windowed, spec.varlen], sort_keys=True)
+        config = {k: v for k, v in spec.config.to_dict().items() if v is not False}
+        return json.dumps([config, spec.arch, spec.dtype, spec.head_dim, spec.windowed,
+                           spec.varlen], sort_keys=True)
     return json.dumps({k: v for k, v in spec.to_dict().items() if v is not False},
                       sort_keys=True, default=str)
 

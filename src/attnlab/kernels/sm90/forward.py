@@ -356,10 +356,10 @@ class FlashForwardSm90(ForwardKernel):
     def _produce(self, tile: TileExtent, tma_q: tuple, tma_k: tuple, tma_v: tuple,
                  sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, pipes: list,
                  states: tuple) -> tuple:
-        """The producer warp's work for one tile: K of its first block, then Q (once the
-        consumers are done with the previous tile's), then V_j and K_{j+1} for every block,
-        each into the next free stage of its ring (blocks in the order the consumers take
-        them). Returns the rings' states after it."""
+        """The producer warp's work for one tile: Q, then K_j and V_j for every block (a
+        persistent CTA: K_0 first, then Q once the consumers are done with the previous
+        tile's, then V_j and K_{j+1}), each into the next free stage of its ring, blocks in
+        the order the consumers take them. Returns the rings' states after it."""
         q_state, state = states
         if tile.has_rows:
             q_state, state = self._produce_rows(tile, tma_q, tma_k, tma_v, sQ, sK, sV, pipes,
@@ -381,16 +381,24 @@ class FlashForwardSm90(ForwardKernel):
                                         tile.head_kv, tile.batch, k_origin)
         v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None),
                                         tile.head_kv, tile.batch, v_origin)
-        loads = ((tma_k, k_smem, k_gmem), (tma_v, v_smem, v_gmem))
-        if tile.n_min < tile.n_max:
-            self._load(pipes[1], state, *loads[0], tile.n_min)
-        self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
-        q_state.advance()
-        for n_block in cutlass.range(tile.n_min, tile.n_max, unroll=1):
-            self._load(pipes[2], state, *loads[1], n_block)
-            state.advance()
-            if n_block + 1 < tile.n_max:
-                self._load(pipes[1], state, *loads[0], n_block + 1)
+        if cutlass.const_expr(cfg.persistent):
+            # K_0 first: it may load while the consumers still hold the previous tile's Q.
+            if tile.n_min < tile.n_max:
+                self._load(pipes[1], state, tma_k, k_smem, k_gmem, tile.n_min)
+            self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
+            q_state.advance()
+            for n_block in cutlass.range(tile.n_min, tile.n_max, unroll=1):
+                self._load(pipes[2], state, tma_v, v_smem, v_gmem, n_block)
+                state.advance()
+                if n_block + 1 < tile.n_max:
+                    self._load(pipes[1], state, tma_k, k_smem, k_gmem, n_block + 1)
+        else:
+            self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
+            q_state.advance()
+            for n_block in cutlass.range(tile.n_min, tile.n_max, unroll=1):
+                self._load(pipes[1], state, tma_k, k_smem, k_gmem, n_block)
+                self._load(pipes[2], state, tma_v, v_smem, v_gmem, n_block)
+                state.advance()
         return q_state, state
 
     @staticmethod
