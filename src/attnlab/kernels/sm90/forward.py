@@ -183,21 +183,23 @@ class FlashForwardSm90(ForwardKernel):
         return cute.slice_(staged_layout, (None, None, 0))
 
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
-        """Q, O's own tile where ``stages_o_apart``, the K and V rings, and the barriers:
-        full/empty for Q and per K and V stage."""
+        """Q, O's own tile where ``stages_o_apart``, the K and V rings, the barriers
+        (full/empty for Q and per K and V stage), and with ``dynamic_tiles`` the tile
+        slots."""
         stages = self.cfg.kv_stages
         fields = {"sQ": shared_tile(self.dtype, sQ_layout)}
         if cutlass.const_expr(self.cfg.stages_o_apart(self.head_dim)):
             fields["sO"] = shared_tile(self.dtype, sQ_layout)
-        return shared_storage({
-            **fields, "sK": shared_tile(self.dtype, sK_layout),
-            "sV": shared_tile(self.dtype, sV_layout),
+        fields.update({
+            "sK": shared_tile(self.dtype, sK_layout), "sV": shared_tile(self.dtype, sV_layout),
             "q_bars": cute.struct.MemRange[cutlass.Int64, 2],
             "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
-            "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
-            # ``dynamic_tiles``: the tile of each Q stage, two deep (by the Q ring's count),
-            # so the producer can write the next while the consumers read this one.
-            "tile_slots": cute.struct.MemRange[cutlass.Int32, 2]})
+            "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]})
+        if cutlass.const_expr(self.cfg.dynamic_tiles):
+            # The tile of each Q stage, two deep (by the Q ring's count), so the producer
+            # can write the next while the consumers read this one.
+            fields["tile_slots"] = cute.struct.MemRange[cutlass.Int32, 2]
+        return shared_storage(fields)
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -233,7 +235,9 @@ class FlashForwardSm90(ForwardKernel):
         cute.arch.sync_threads()
         tiles = (tma_q, tma_k, tma_v, mCuQ, mCuK, window_left, window_right, heads_per_kv)
 
-        slots = storage.tile_slots.get_tensor(cute.make_layout(2))
+        slots = None
+        if cutlass.const_expr(cfg.dynamic_tiles):
+            slots = storage.tile_slots.get_tensor(cute.make_layout(2))
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
