@@ -8,10 +8,14 @@
 #   sm90     wgmma tile candidates per head dim against the peers (scripts/sm90_candidates.py;
 #            later arguments go to it, e.g. --head-dims 96,192)
 #   table    the Hopper table: the default against FA4, cuDNN and FA2 (scripts/hopper_table.py)
-#   dynamic  the persistent forward's GPU tests (static and dynamic walks), then the candidates
-#            at the masked points the static walk leaves unbalanced (causal 8k and 16k) and
-#            the three-warpgroup masked tiles at narrower K/V blocks (causal 4k)
+#   dynamic [SEQLEN...]  the persistent forward's GPU tests (static and dynamic walks; a hung
+#            kernel is cut at 300 s), then the hd128 and hd256 candidates at the masked points the
+#            static walk leaves unbalanced (causal, each SEQLEN given, e.g. 16384 8192)
+#   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
+#   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
+#            source tree in .ab/REV (git archive REV src | tar -x -C .ab/REV, carried) and with
+#            this one, each in its own process and kernel cache, twice (scripts/ab_forward.py)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
@@ -59,14 +63,26 @@ case $mode in
     python3 scripts/hopper_table.py --out "$OUT" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   dynamic)
-    python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_features_gpu.py \
+    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_features_gpu.py \
       -k "dynamic or persistent" 2>&1 | tee -a "$log" | tail -15
-    for seqlen in 16384 8192; do
+    for seqlen in "${@:2}"; do
       python3 scripts/sm90_candidates.py --head-dims 128,256 --masks causal --seqlen "$seqlen" \
         --runs 15 --out "$OUT/$seqlen" 2>&1 | grep -v Warning | tee -a "$log"
     done
+    ;;
+  narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \
       --runs 15 --out "$OUT/narrow" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  ab)
+    for round in 1 2; do
+      for tree in "$2" this; do
+        src=$PWD/src; [ "$tree" = this ] || src=$PWD/.ab/$tree/src
+        PYTHONPATH=$src:${PYTHONPATH:-} ATTNLAB_CACHE_DIR=/tmp/attnlab-kernels-$tree \
+          python3 scripts/ab_forward.py --label "$tree" --out "$OUT/$round" "${@:3}" 2>&1 \
+          | grep -v Warning | tee -a "$log"
+      done
+    done
     ;;
   hopper)
     for hd in 64 128; do
