@@ -27,14 +27,15 @@ from attnlab.policy import default_for
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
 #: ``{}`` is the default itself.
-_PERSISTENT = {"persistent": True}
+_PERSISTENT = {"persistent": True, "dynamic_tiles": False}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
+_ONE_CTA = {"persistent": False, "dynamic_tiles": False}
 #: The persistent grid in the longest-first order over one section of every head: the only
 #: order whose tiles shorten steadily through the launch, which the snake balances (the host
 #: model, ``tile_order.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
 #: what it costs in L2 is the question. With ``dynamic_tiles`` any order balances.
 _GLOBAL_LPT = {"lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
-_GRIDS = {"default": {}, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
+_GRIDS = {"default": {}, "one_cta": _ONE_CTA, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
           "persistent_global_lpt": {**_PERSISTENT, **_GLOBAL_LPT},
           "dynamic_global_lpt": {**_DYNAMIC, **_GLOBAL_LPT}}
 #: Three consumer warpgroups under a mask spill in the K/V loop once it is inside a loop over

@@ -47,7 +47,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert len(wgmma) == len(set(wgmma)) and set(hopper) == set(ampere) | set(wgmma)
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
         default = policy.default_for("sm_90a", head_dim, windowed)
-        assert default.replace(lpt=False, l2_section_mb=40, persistent=False) in wgmma
+        assert default.replace(lpt=False, l2_section_mb=40, persistent=False,
+                               dynamic_tiles=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2 * 2
@@ -238,8 +239,8 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert dispatch.config_for(device, dataclasses.replace(clip, seqlen_k=81)) == chosen_plain
     assert dispatch.config_for(device, dataclasses.replace(clip, window=(-1, 0))).block_n == 128
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_k=77)).block_n == 128
-    assert all(s.config.block_n == 80 for s in policy.default_specs("sm_90a")
-               if s.config.fence_p and s.head_dim in (64, 128))
+    assert {s.config.block_n for s in policy.default_specs("sm_90a")
+            if s.config.fence_p and s.head_dim in (64, 128) and not s.windowed} == {80}
     # An entry tuned on plain attention is not used for masked calls.
     fake_h200.put(KEY, ladder.k06.replace(block_m=128))
     fake_h200.save()
@@ -356,28 +357,27 @@ def test_tune_rejects_an_unknown_mode():
     assert "--mode" in result.output
 
 
-def test_masked_calls_take_the_persistent_grid_only_where_its_walk_balances(fake_h200):
-    """A masked call's persistent default stands where the CTAs' fixed walk gives the
-    busiest one at most ``MAX_IMBALANCE`` of the average; else one CTA per tile, with the
-    tiles measured before (the table's hd128 causal seq 16k and hd256 causal 8k: 0.59-0.70x
-    the best peer on the persistent grid). Packed sequences, whose lengths the host does not
-    know, take one CTA per tile; a sliding window's equal tiles balance."""
+def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbalanced(
+        fake_h200):
+    """From seq 4k a masked call's default draws its tiles from the counter
+    (``dynamic_tiles``). Below, the static walk stands where it gives the busiest CTA at most
+    ``MAX_IMBALANCE`` of the average, and the counter takes over where it would not (one head
+    at seq 2k: 16 row blocks a head, a 132-CTA snake of 1.1 waves). Packed sequences, whose
+    lengths the host does not know, take one CTA per tile with the tiles measured before the
+    persistent grid."""
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
-    assert dispatch.config_for(H200, causal) == policy.default_for("sm_90a", 128, True)
-    assert dispatch.config_for(H200, causal).persistent
-    long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
-    chosen = dispatch.config_for(H200, long)
-    assert not chosen.persistent and chosen.kv_stages == 3
-    hd256 = dataclasses.replace(causal, head_dim=256, batch=2, num_heads=8, num_heads_kv=8,
-                                seqlen_q=8192, seqlen_k=8192)
-    chosen = dispatch.config_for(H200, hd256)
-    assert chosen.lpt and chosen.l2_section_mb == 16 and not chosen.persistent
-    assert dispatch.config_for(H200, dataclasses.replace(hd256, batch=4, seqlen_q=4096,
-                                                         seqlen_k=4096)).persistent
-    short = dataclasses.replace(causal, head_dim=64, seqlen_q=2048, seqlen_k=2048)
-    assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
-                                                                  seqlen=2048)
-    packed = dataclasses.replace(causal, varlen=True)
-    assert not dispatch.config_for(H200, packed).persistent
-    window = dataclasses.replace(long, window=(256, 0))
-    assert dispatch.config_for(H200, window).persistent
+    chosen = dispatch.config_for(H200, causal)
+    assert chosen == policy.default_for("sm_90a", 128, True) and chosen.dynamic_tiles
+    short = dataclasses.replace(causal, seqlen_q=2048, seqlen_k=2048)
+    static = policy.default_for("sm_90a", 128, True, seqlen=2048)
+    assert static.persistent and not static.dynamic_tiles
+    assert dispatch.config_for(H200, short) == static
+    unbalanced = dataclasses.replace(short, batch=1)
+    assert dispatch.config_for(H200, unbalanced) == static.replace(dynamic_tiles=True)
+    for head_dim, one_cta in ((64, {"block_n": 128, "fence_p": False, "lpt": True}),
+                              (128, {"kv_stages": 3}),
+                              (256, {"lpt": True, "l2_section_mb": 16})):
+        packed = dataclasses.replace(causal, head_dim=head_dim, varlen=True)
+        chosen = dispatch.config_for(H200, packed)
+        assert not chosen.persistent and not chosen.dynamic_tiles
+        assert chosen == chosen.replace(**one_cta)

@@ -85,16 +85,18 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
         return tuned
     config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
                          bucket, short_kv)
-    if config.persistent and problem.windowed and not _balanced(config, problem, gpu):
-        config = one_cta_per_tile(config, problem.head_dim, bucket)
+    if config.persistent and problem.windowed:
+        if problem.varlen:
+            config = one_cta_per_tile(config, problem.head_dim, bucket)
+        elif not config.dynamic_tiles and not _balanced(config, problem, gpu):
+            config = config.replace(dynamic_tiles=True)
     return config
 
 
 def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
-    """Whether a persistent grid (one CTA per SM) walks a masked problem's tiles with its
-    busiest CTA within ``MAX_IMBALANCE`` of the average. Packed sequences are not: their
-    tiles' lengths are not known on the host. (``tile_order``: the kernels' arithmetic
-    without importing the DSL.)"""
+    """Whether a persistent grid (one CTA per SM) walks a masked problem's tiles, in the
+    static order, with its busiest CTA within ``MAX_IMBALANCE`` of the average (dense
+    batches: ``tile_order``, the kernels' arithmetic without importing the DSL)."""
     from attnlab.kernels.abi import encode_window
     from attnlab.kernels.common.tile_order import (
         heads_per_section,
@@ -102,8 +104,6 @@ def _balanced(config: FlashConfig, problem: Problem, gpu: DeviceInfo) -> bool:
         snake_imbalance,
     )
 
-    if problem.varlen:
-        return False
     left, right = encode_window(problem.window)
     section = None
     if config.lpt:

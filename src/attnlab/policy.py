@@ -61,25 +61,30 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: per-head order; hd256 gains 4% more with 16 MiB sections (8 heads at 4k) than with 40.
 #: A persistent grid (nineteenth session, seq 2k and 4k, end to end): +2 to +6% unmasked at
 #: every head dim (hd128 with two K/V stages, so that O has a tile of its own), under a mask
-#: +6% at hd128 and hd256 (in the per-head order: its static walk and the sections' sawtooth
-#: of lengths left hd256 with ``lpt`` at 0.75x) and +13% at seq 2k; none where three consumer
-#: warpgroups walk a mask (hd64 spills in the K/V loop, hd96 -2%, hd192 +0%; hd32 +7% but
-#: spills 28 B), which keep one CTA per tile.
+#: +6% at hd128 and hd256 (in the per-head order) and +13% at seq 2k. Masked from seq 4k the
+#: CTAs draw their tiles from a counter (``dynamic_tiles``; twentieth session, B=4 x 16 heads,
+#: end to end against the static walk and one CTA per tile): hd32 +5% at 4k and 16k, hd64 +8%
+#: at 4k with B_c 96 (whose S leaves three warpgroups without spills; +3% at 8k), hd96 +2%,
+#: hd128 +4% at 8k and +8% at 16k, hd256 +5% at 8k. hd192, not measured there, keeps one CTA
+#: per tile.
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
+_DYNAMIC = {"persistent": True, "dynamic_tiles": True}
 _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (32, False): {**_M192, "block_n": 128, "kv_stages": 3, **_PERSISTENT},
-    (32, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
+    (32, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True, **_DYNAMIC},
     (64, False): {**_M192, "block_n": 128, "kv_stages": 3, **_PERSISTENT},
-    (64, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True},
+    (64, True): {**_M192, "block_n": 96, "kv_stages": 3, "fence_p": True, "lpt": True,
+                 **_DYNAMIC},
     (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
-    (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
+    (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True,
+                 **_DYNAMIC},
     (128, False): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
-    (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    (128, True): {"block_n": 128, "kv_stages": 2, **_DYNAMIC},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
     (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
-    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
+    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_DYNAMIC},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
 #: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
@@ -90,15 +95,19 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
     64: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
     96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    128: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     256: {"block_n": 64, "kv_stages": 2, **_PERSISTENT},
 }
-#: A persistent masked tile's replacement where its CTAs' static walk would leave them
-#: unbalanced (``dispatch``: packed sequences, or the busiest CTA over ``MAX_IMBALANCE`` times
-#: the average; measured: hd128 causal seq 16k 0.69x and hd256 causal 8k-16k 0.59-0.70x the
-#: better peer where the walk predicts 1.54-1.80): one CTA per tile, the tiles measured
-#: before the persistent grid (hd128 three K/V stages; hd256 longest first over 16 MiB L2
-#: sections).
+#: A persistent masked tile whose CTAs' static walk would leave them unbalanced (the busiest
+#: over ``MAX_IMBALANCE`` times the average; measured: hd128 causal seq 16k 0.69x and hd256
+#: causal 8k-16k 0.59-0.70x the better peer where the walk predicts 1.54-1.80) draws its
+#: tiles from the counter instead (``dispatch``). Packed sequences under a mask run one CTA
+#: per tile, the tiles measured before the persistent grid (hd32/64/96 three warpgroups in
+#: the longest-first order, hd128 three K/V stages, hd256 longest first over 16 MiB L2
+#: sections): the counter has not been measured on them.
 _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
+    32: {"block_n": 128, "fence_p": False},
+    64: {"block_n": 128, "fence_p": False},
     128: {"block_n": 128, "kv_stages": 3},
     256: {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True, "l2_section_mb": 16},
 }
@@ -140,12 +149,13 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
 
 def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> FlashConfig:
     """A persistent masked default (``default_for`` at ``head_dim`` and query length
-    ``seqlen``) on one CTA per tile: the hardware then hands each tile to whichever CTA
-    finishes first, where the persistent CTAs' fixed walk would leave some with far more work
-    than others."""
+    ``seqlen``) on one CTA per tile, for packed sequences: the hardware hands each tile to
+    whichever CTA finishes first, where a fixed walk over tiles whose lengths the host does
+    not know could leave some CTAs with far more work than others."""
+    one_cta = config.replace(persistent=False, dynamic_tiles=False)
     if seqlen is not None and seqlen < LONG_MASKED_SEQLEN:
-        return config.replace(persistent=False)
-    return config.replace(persistent=False, **_ONE_CTA_MASKED_TILES.get(head_dim, {}))
+        return one_cta
+    return one_cta.replace(**_ONE_CTA_MASKED_TILES.get(head_dim, {}))
 
 
 def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
