@@ -2,7 +2,7 @@
 is chosen from).
 
 Usage (GPU): python scripts/sm90_candidates.py [--head-dims 64,128,192,256]
-[--masks plain,causal] [--seqlen 4096] [--out DIR]
+[--masks plain,causal] [--seqlen 4096] [--tokens 16384] [--out DIR]
 For each head dim, plain and causal, bf16, batch 4 x 16 heads x seq 4k, it times the
 wgmma kernel's default and each variant of it (``VARIANTS``; earlier sweeps' tiles are in
 their results' ``configs``) next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device
@@ -50,6 +50,11 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
                                             "fence_p": True},
     } if head_dim in _NARROW else {})}
     for head_dim in (32, 64, 96, 128, 192, 256)}
+#: The one-CTA-per-tile masked tiles of the balance rule's time (nineteenth session), against
+#: the counter at the same lengths.
+VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
+_LPT16 = {"lpt": True, "l2_section_mb": 16}
+VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:
@@ -65,11 +70,20 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--masks", default="plain,causal",
                         help="plain, causal or both (comma-separated)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="the Hopper table's shapes: TOKENS // seqlen sequences of hidden "
+                             "2048 (heads = 2048 // head_dim); default batch 4 x 16 heads")
     args = parser.parse_args()
     head_dims = [int(h) for h in args.head_dims.split(",")]
     masks = [{"plain": False, "causal": True}[m] for m in args.masks.split(",")]
-    points = [Point(4, args.seqlen, args.seqlen, 16, hd, "bfloat16", causal)
-              for hd in head_dims for causal in masks]
+
+    def point(head_dim: int, causal: bool) -> Point:
+        if args.tokens is None:
+            return Point(4, args.seqlen, args.seqlen, 16, head_dim, "bfloat16", causal)
+        return Point(args.tokens // args.seqlen, args.seqlen, args.seqlen, 2048 // head_dim,
+                     head_dim, "bfloat16", causal)
+
+    points = [point(hd, causal) for hd in head_dims for causal in masks]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p in points
                        for cfg in candidates(p.head_dim, p.causal, p.seqlen_q).values()],
