@@ -359,21 +359,25 @@ def test_tune_rejects_an_unknown_mode():
 
 def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbalanced(
         fake_h200):
-    """From seq 4k a masked call's default draws its tiles from the counter
-    (``dynamic_tiles``). Below, the static walk stands where it gives the busiest CTA at most
-    ``MAX_IMBALANCE`` of the average, and the counter takes over where it would not (one head
-    at seq 2k: 16 row blocks a head, a 132-CTA snake of 1.1 waves). Packed sequences, whose
-    lengths the host does not know, take one CTA per tile with the tiles measured before the
-    persistent grid."""
+    """A masked hd128 call keeps the persistent grid's static walk where it gives the busiest
+    CTA at most ``MAX_IMBALANCE`` of the average, and draws its tiles from the counter
+    (``dynamic_tiles``) where it would not (the table's hd128 causal seq 16k, one sequence);
+    from seq 4k the three-warpgroup tiles and hd256 always draw from it. Packed sequences,
+    whose lengths the host does not know, take one CTA per tile with the tiles measured
+    before the persistent grid."""
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
-    chosen = dispatch.config_for(H200, causal)
-    assert chosen == policy.default_for("sm_90a", 128, True) and chosen.dynamic_tiles
-    short = dataclasses.replace(causal, seqlen_q=2048, seqlen_k=2048)
-    static = policy.default_for("sm_90a", 128, True, seqlen=2048)
+    static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
-    assert dispatch.config_for(H200, short) == static
-    unbalanced = dataclasses.replace(short, batch=1)
-    assert dispatch.config_for(H200, unbalanced) == static.replace(dynamic_tiles=True)
+    assert dispatch.config_for(H200, causal) == static
+    long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
+    assert dispatch.config_for(H200, long) == static.replace(dynamic_tiles=True)
+    short = dataclasses.replace(causal, head_dim=64, seqlen_q=2048, seqlen_k=2048)
+    assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
+                                                                  seqlen=2048)
+    assert dispatch.config_for(H200, dataclasses.replace(short, batch=1)).dynamic_tiles
+    for head_dim in (32, 64, 96, 256):
+        chosen = dispatch.config_for(H200, dataclasses.replace(causal, head_dim=head_dim))
+        assert chosen == policy.default_for("sm_90a", head_dim, True) and chosen.dynamic_tiles
     for head_dim, one_cta in ((64, {"block_n": 128, "fence_p": False, "lpt": True}),
                               (128, {"kv_stages": 3}),
                               (256, {"lpt": True, "l2_section_mb": 16})):

@@ -62,11 +62,13 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: A persistent grid (nineteenth session, seq 2k and 4k, end to end): +2 to +6% unmasked at
 #: every head dim (hd128 with two K/V stages, so that O has a tile of its own), under a mask
 #: +6% at hd128 and hd256 (in the per-head order) and +13% at seq 2k. Masked from seq 4k the
-#: CTAs draw their tiles from a counter (``dynamic_tiles``; twentieth session, B=4 x 16 heads,
-#: end to end against the static walk and one CTA per tile): hd32 +5% at 4k and 16k, hd64 +8%
-#: at 4k with B_c 96 (whose S leaves three warpgroups without spills; +3% at 8k), hd96 +2%,
-#: hd128 +4% at 8k and +8% at 16k, hd256 +5% at 8k. hd192, not measured there, keeps one CTA
-#: per tile.
+#: three-warpgroup tiles and hd256 draw their tiles from a counter (``dynamic_tiles``;
+#: twentieth session, end to end against the static walk and one CTA per tile in the same
+#: run): hd32 +5% at 4k and 16k, hd64 +7% at 4k with B_c 96 (whose S leaves three
+#: warpgroups without spills), hd96 +2 to +5%, hd256 with ``lpt`` over 16 MiB sections +2 to
+#: +10% over its one-CTA tile at 4k-16k (the Hopper table's shapes). hd128 keeps the static
+#: walk where it balances (+2 to +4% over the counter at 4k and 8k; the dispatcher hands an
+#: unbalanced walk to the counter: +8% at 16k); hd192, even on every grid, one CTA per tile.
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
@@ -80,11 +82,12 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True,
                  **_DYNAMIC},
     (128, False): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
-    (128, True): {"block_n": 128, "kv_stages": 2, **_DYNAMIC},
+    (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
     (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
-    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_DYNAMIC},
+    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
+                  "l2_section_mb": 16, **_DYNAMIC},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
 #: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
@@ -95,21 +98,18 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
     64: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
     96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
-    128: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     256: {"block_n": 64, "kv_stages": 2, **_PERSISTENT},
 }
 #: A persistent masked tile whose CTAs' static walk would leave them unbalanced (the busiest
 #: over ``MAX_IMBALANCE`` times the average; measured: hd128 causal seq 16k 0.69x and hd256
 #: causal 8k-16k 0.59-0.70x the better peer where the walk predicts 1.54-1.80) draws its
 #: tiles from the counter instead (``dispatch``). Packed sequences under a mask run one CTA
-#: per tile, the tiles measured before the persistent grid (hd32/64/96 three warpgroups in
-#: the longest-first order, hd128 three K/V stages, hd256 longest first over 16 MiB L2
-#: sections): the counter has not been measured on them.
+#: per tile, the tiles measured before the persistent grid (hd32/64 B_c 128, hd128 three K/V
+#: stages; the others their own): the counter has not been measured on them.
 _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "fence_p": False},
     64: {"block_n": 128, "fence_p": False},
     128: {"block_n": 128, "kv_stages": 3},
-    256: {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True, "l2_section_mb": 16},
 }
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 4096
