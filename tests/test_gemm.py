@@ -310,3 +310,4 @@ def test_a_candidate_sweep_summary_ranks_end_to_end_against_the_peer():
     assert line.startswith("256x256x4096 cublas")
     assert "a 2.00x (0.50) | cublas 1.00x (1.00) | b 0.50x" in line
     assert "broken" not in line
+
