@@ -177,3 +177,21 @@ def test_ladder_kernel_refuses_partial_tiles():
     a, b = operands(500, 512, 256, torch.float16, b_major="k")
     with pytest.raises(ValueError, match="whole tiles"):
         ladder_matmul(a, b, GEMM_STEPS["g05"][0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape", [(128, 128, 64), (256, 384, 512), (333, 200, 136),
+                                   (1, 128, 40), (2048, 2048, 2048)])
+def test_sparse_24_matches_the_dense_product_of_its_kept_values(shape, dtype):
+    """``sparse_matmul`` (``mma.sp``): whole tiles, padded ones (M, N, K off the tile, one
+    row, K not a multiple of 16), and groups with fewer than two non-zeros (a third of A's
+    small values zeroed before pruning), against the fp64 product of the decompressed A."""
+    from attnlab.gemm import compress_2_4, prune_2_4, sparse_matmul
+    from attnlab.gemm.sparse import decompress
+
+    m, n, k = shape
+    a, b = operands(m, n, k, dtype, seed=m + n + k)
+    a = torch.where(a.abs() < 0.4, 0, a)
+    s = compress_2_4(prune_2_4(a))
+    poison_allocator(2 * (m + 128) * (n + 128))
+    check(sparse_matmul(s, b), decompress(s), b, dtype, str(shape))

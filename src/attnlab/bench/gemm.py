@@ -113,6 +113,58 @@ def int8_operands(m: int, n: int, k: int, gen: torch.Generator) -> tuple:
             uniform(n, -8, 8).round())
 
 
+#: The 2:4 sparse bench's shapes: the issue's 8192^3 target, the lab's squares, a projection.
+SPARSE_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048),
+                 (4096, 14336, 4096))
+
+
+def sparse_sets(point: GemmPoint, l2_bytes: int, seed: int = 0) -> list[tuple]:
+    """Input sets of the 2:4 sparse bench, as many as span ``L2_SPAN`` x L2: ``(a, sparse,
+    semi, b)``: a pruned random A (``prune_2_4``), its ``Sparse24``, torch's semi-structured
+    form of it (None where this torch or GPU has none) and B as a transposed weight."""
+    from attnlab.gemm import compress_2_4, prune_2_4
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, point.dtype)
+    size = 2 * (point.m * point.k + point.k * point.n)
+    sets = []
+    for _ in range(max(1, min(MAX_SETS, math.ceil(L2_SPAN * l2_bytes / size)))):
+        a = prune_2_4(torch.randn(point.m, point.k, device="cuda", dtype=dt, generator=gen))
+        b = torch.randn(point.n, point.k, device="cuda", dtype=dt, generator=gen).t()
+        sets.append((a, compress_2_4(a), _semi_structured(a), b))
+    return sets
+
+
+def _semi_structured(a: torch.Tensor) -> object | None:
+    """torch's semi-structured sparse form of ``a`` (cuSPARSELt or CUTLASS), or None."""
+    try:
+        from torch.sparse import to_sparse_semi_structured
+
+        return to_sparse_semi_structured(a)
+    except Exception:  # no such support in this build or on this GPU: the peer is left out
+        return None
+
+
+def sparse_impls() -> dict[str, Callable]:
+    """On one pruned A: ``cublas`` and ``attnlab`` (``matmul``, the wgmma kernel) on it dense,
+    ``dense_mma_sync`` (the sparse kernel's own tile and ring with dense MMAs), ``sparse24``
+    (``sparse_matmul``) and ``torch_semi_structured`` (``torch.mm`` of torch's form)."""
+    from attnlab.gemm import matmul, sparse_matmul
+    from attnlab.gemm.ladder import ladder_matmul
+    from attnlab.gemm.sparse import SPARSE_CONFIG
+
+    def semi_structured(a, sparse, semi, b):
+        if semi is None:
+            raise RuntimeError("torch has no semi-structured sparse here")
+        return torch.mm(semi, b)
+
+    return {"cublas": lambda a, sparse, semi, b: torch.matmul(a, b),
+            "attnlab": lambda a, sparse, semi, b: matmul(a, b),
+            "dense_mma_sync": lambda a, sparse, semi, b: ladder_matmul(a, b, SPARSE_CONFIG),
+            "sparse24": lambda a, sparse, semi, b: sparse_matmul(sparse, b),
+            "torch_semi_structured": semi_structured}
+
+
 def int8_impls() -> dict[str, Callable]:
     """``int_mm`` (``torch._int_mm``, int32 out) and ``attnlab`` (``int8_matmul``, bf16 out
     with the zero-point term)."""

@@ -80,6 +80,53 @@ def bench_gemm(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     console.print(f"wrote {path} and {plot_gemm(results, out / 'gemm.png')}")
 
 
+def bench_sparse(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
+    """``attnlab bench --family sparse``: the 2:4 sparse HGEMM against the dense kernels on
+    the same pruned A (TFLOP/s of the dense product's FLOPs); table, ``sparse.json``, plot."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import (
+        SPARSE_SHAPES,
+        GemmPoint,
+        measure_gemm,
+        sparse_impls,
+        sparse_sets,
+    )
+
+    chosen = (parse_shapes(shapes) if shapes
+              else [(m, n, k, "k") for m, n, k in SPARSE_SHAPES])
+    points = [GemmPoint(m, n, k, dtype, "k") for dtype in parse_dtypes(dtypes)
+              for m, n, k, _ in chosen]
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    out.mkdir(parents=True, exist_ok=True)
+    impls = sparse_impls()
+    with progress_bar() as progress:
+        task = progress.add_task("sparse", total=len(points))
+        results = measure_gemm(points, impls, info.l2_bytes, runs=runs,
+                               on_point=lambda p: progress.advance(task), make_sets=sparse_sets)
+    table = Table(title=f"attnlab bench --family sparse on {info.name}: TFLOP/s of the dense "
+                        "product end to end (device only), one pruned A; 2:4 sparse over the "
+                        "dense kernels in the same run", title_justify="left")
+    for column in ("shape", "dtype", *impls, "/ attnlab", "/ dense_mma_sync"):
+        table.add_column(column, justify="left" if column == "shape" else "right")
+    for point in points:
+        mine = {r.impl: r for r in results if r.point == point}
+        cells = [f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r.tflops else (r.error or "-")[:30]
+                 for r in mine.values()]
+        sparse = mine["sparse24"]
+        ratios = [f"{sparse.tflops / mine[peer].tflops:.2f}x"
+                  if sparse.tflops and mine[peer].tflops else "-"
+                  for peer in ("attnlab", "dense_mma_sync")]
+        table.add_row(point.label(), point.dtype, *cells, *ratios)
+    console.print(table)
+    path = out / "sparse.json"
+    path.write_text(json.dumps({"device": info.name,
+                                "results": [r.to_dict() for r in results]}, indent=1))
+    console.print(f"wrote {path} and {plot_gemm(results, out / 'sparse.png')}")
+
+
 def plot_gemm(results: list, path: Path) -> Path:
     """TFLOP/s per shape, one bar per implementation, one panel per dtype."""
     import matplotlib

@@ -112,8 +112,10 @@ def bench(
                                "--head-dims."),
     family: str = typer.Option("attention", help="attention; gemm: attnlab.gemm.matmul "
                                "against cuBLAS on the lab's shapes and an LLM projection set "
-                               "(--dtypes bf16,fp16,int8; --shapes); conv: attnlab.conv.conv2d "
-                               "against cuDNN at the SD-UNet shapes."),
+                               "(--dtypes bf16,fp16,int8; --shapes); sparse: the 2:4 sparse "
+                               "HGEMM against the dense kernels and torch's semi-structured "
+                               "sparse; conv: attnlab.conv.conv2d against cuDNN at the SD-UNet "
+                               "shapes."),
     shapes: str = typer.Option(None, help="With --family gemm: MxNxK shapes, comma-separated "
                                "(a trailing 't' takes B as a transposed [N, K] weight)."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),
@@ -135,13 +137,18 @@ def bench(
 
         bench_gemm(shapes, dtypes, runs, out)
         return
+    if family == "sparse":
+        from attnlab.cli.gemm import bench_sparse
+
+        bench_sparse(shapes, dtypes, runs, out)
+        return
     if family == "conv":
         from attnlab.cli.conv import bench_conv
 
         bench_conv(dtypes, runs, out)
         return
     if family != "attention":
-        raise typer.BadParameter(f"expected attention, gemm or conv, got {family!r}",
+        raise typer.BadParameter(f"expected attention, gemm, sparse or conv, got {family!r}",
                                  param_hint="--family")
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),

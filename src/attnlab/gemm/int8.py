@@ -118,6 +118,6 @@ class _Int8Call:
             raise ValueError(f"a_q's and b_q's data must start on a {GEMM_ALIGN_BYTES}-byte "
                              f"boundary; clone the view")
         c = torch.empty((self.m, self.n), dtype=self.out_dtype, device=a_q.device)
-        self.gemm(a_q, b_q, c, None, None, scale_a, scale_b, zero_b, rowsum, None, 1,
+        self.gemm(a_q, b_q, c, None, None, scale_a, scale_b, zero_b, rowsum, None, None, 1,
                   self.plan.num_ctas)
         return c

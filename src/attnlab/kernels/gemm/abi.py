@@ -27,6 +27,8 @@ DEQUANTS = ("none", "scale", "scale_zero")
 SPLITS = ("none", "serial", "workspace", "atomic")
 #: Bytes every TMA stride and base must be a multiple of.
 GEMM_ALIGN_BYTES = 16
+#: The K step of 2:4 sparse tiles: A's kept halves then fill 32 columns, one swizzle atom.
+SPARSE_BLOCK_K = 64
 
 
 def binary_config(config: GemmConfig | MmaGemmConfig) -> GemmConfig | MmaGemmConfig:
@@ -58,6 +60,9 @@ class GemmSpec(FlatSpec):
         dequant: INT8's epilogue (``DEQUANTS``); ``"none"`` for 16-bit operands.
         bias: the epilogue adds ``bias[j]`` to column ``j`` (in fp32, before C's rounding;
             the sm_90a kernel without split-K or with the serial split).
+        sparse: A is 2:4 structured-sparse (``attnlab.gemm.sparse``): its kept halves
+            ``[M, K / 2]`` and their metadata; the ``mma.sync`` kernel with ``mma.sp``, K step
+            64, tiles in shared memory by ``cp.async`` and ``ldmatrix``.
     """
 
     KIND: ClassVar[str] = "gemm"
@@ -71,22 +76,35 @@ class GemmSpec(FlatSpec):
     split: str = "none"
     dequant: str = "none"
     bias: bool = False
+    sparse: bool = False
 
     def __post_init__(self):
         if self.bias and self.split in ("workspace", "atomic"):
             raise ConfigError(f"a bias is added by the epilogue of the slice that finishes a "
                               f"tile: split \"none\" or \"serial\", not {self.split!r}")
+        if self.sparse:
+            cfg = self.config
+            if not isinstance(cfg, MmaGemmConfig) or self.dtype not in ("float16", "bfloat16"):
+                raise ConfigError("2:4 sparse A runs on the mma.sync kernel (mma.sp) with "
+                                  "16-bit operands")
+            if cfg.block_k != SPARSE_BLOCK_K or not (cfg.smem and cfg.ldmatrix
+                                                     and cfg.async_copy):
+                raise ConfigError(f"2:4 sparse A needs block_k={SPARSE_BLOCK_K} (one mma.sp "
+                                  f"K step of 32 per half tile) and its tiles in shared memory "
+                                  f"by cp.async and ldmatrix; got {cfg.label()}")
 
     def variant(self) -> str:
         split = "" if self.split == "none" else f"_{self.split}"
         dequant = "" if self.dequant == "none" else f"_{self.dequant}"
         bias = "_bias" if self.bias else ""
-        return f"_{self.a_major}{self.b_major}{split}{dequant}{bias}"
+        sparse = "_sp24" if self.sparse else ""
+        return f"_{self.a_major}{self.b_major}{split}{dequant}{bias}{sparse}"
 
     @property
     def label(self) -> str:
         if isinstance(self.config, MmaGemmConfig):
-            return f"hgemm_sm80({self.config.label()})"
+            family = "sparse24_sm80" if self.sparse else "hgemm_sm80"
+            return f"{family}({self.config.label()})"
         family = "igemm" if self.dtype == "int8" else "hgemm"
         return f"{family}({self.config.label()})"
 
@@ -114,6 +132,9 @@ class GemmArgs(NamedTuple):
         zero_b: fp32 ``[N]``, B's per-column zero points; rowsum_a: int32 ``[M]``, the row
             sums of A (``dequant="scale_zero"``, else None).
         bias: ``[N]`` in A's dtype (``bias=True``, else None).
+        meta: int16 ``[M, K / 16]``, the 2:4 metadata of A (``sparse=True``, else None):
+            per row, four 4-bit groups a word, each the two kept positions of one group of
+            four (``attnlab.gemm.sparse``).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """
@@ -128,6 +149,7 @@ class GemmArgs(NamedTuple):
     zero_b: Any
     rowsum_a: Any
     bias: Any
+    meta: Any
     num_splits: Any
     num_ctas: Any
 
@@ -189,6 +211,10 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
                                  assumed_align=element.width // 8) if used else None)
 
     scaled, zeroed = spec.dequant != "none", spec.dequant == "scale_zero"
+    meta = None
+    if spec.sparse:
+        meta = make_fake_tensor(cutlass.Int16, (cute.sym_int(), cute.sym_int()),
+                                stride=(cute.sym_int32(), 1), assumed_align=2)
     return GemmArgs(
         _fake_matrix(spec.dtype, 1 if spec.a_major == "k" else 0),
         _fake_matrix(spec.dtype, 1 if spec.b_major == "n" else 0),
@@ -196,7 +222,7 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
         _fake_matrix("float32", 1, batched=True) if serial else None,
         vector("int32", serial), vector("float32", scaled), vector("float32", scaled),
         vector("float32", zeroed), vector("int32", zeroed), vector(spec.dtype, spec.bias),
-        cutlass.Int32(1), cutlass.Int32(1))
+        meta, cutlass.Int32(1), cutlass.Int32(1))
 
 
 def fake_reduce_args(spec: ReduceSpec) -> ReduceArgs:

@@ -20,6 +20,15 @@ m16n8k16 MMAs. What the knobs change, in the lab's order:
 * ``smem_epilogue``: C staged in shared memory and written by 16-byte row copies, instead of
   each thread's column pairs.
 
+With ``GemmSpec.sparse`` A is 2:4 structured-sparse (the lab's Observation N): A's tiles hold
+only its kept halves (``block_k / 2`` columns), and each 32-deep K step is one ``mma.sp``
+m16n8k32 per 16 x 8 output block instead of two m16n8k16: half of A's bytes and half of the
+MMAs. A's compressed 16 x 16 fragment is the dense m16n8k16 A fragment of the kept halves, B's
+32 x 8 fragment two dense k16 ones, so the dense tiled MMA partitions both; the MMA itself is
+inline PTX (CuTe DSL 4.8.1's sparse warp atom does not build, ``docs/gemm.md``), and each
+thread pair (selector 0: lanes 0 and 1 of each quad) passes the metadata of its rows g and
+g + 8 over one 16-column half of the step.
+
 Shapes are whole tiles (``attnlab.gemm.ladder`` checks): this kernel is the ladder's subject,
 not a dispatch target; the sm_90a kernel serves calls.
 """
@@ -27,7 +36,9 @@ not a dispatch target; the sm_90a kernel serves calls.
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cutlass_dsl import T
 
 from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.epilogue import store_fragment, store_rows
@@ -37,6 +48,21 @@ from attnlab.kernels.gemm.base import GemmKernel
 
 #: m16n8k16: the MMA's shape; a tiled MMA's N is 16 so one ldmatrix.x4 feeds two n8 MMAs.
 MMA_SHAPE = (16, 8, 16)
+#: The logical K of one ``mma.sp``: two dense K blocks of B, one compressed K block of A.
+SPARSE_MMA_K = 32
+
+
+def mma_sp_16832(a: list, b: list, c: list, e, ptx_dtype: str) -> list:
+    """``d = A B + c`` for one 2:4 sparse m16n8k32 (``mma.sp``, sparsity selector 0): ``a`` the
+    four 32-bit words of the kept halves' fragment, ``b`` B's four, ``c`` the four fp32
+    accumulators, ``e`` the thread's metadata word; returns the four results."""
+    result = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * 4),
+        [x.ir_value() for x in (*a, *b, *c, e)],
+        f"mma.sp.sync.aligned.m16n8k32.row.col.f32.{ptx_dtype}.{ptx_dtype}.f32 "
+        "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9,$10,$11}, {$12,$13,$14,$15}, $16, 0x0;",
+        "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f,r")
+    return [cutlass.Float32(llvm.extractvalue(T.f32(), result, [i])) for i in range(4)]
 
 
 class HgemmSm80(GemmKernel):
@@ -47,10 +73,12 @@ class HgemmSm80(GemmKernel):
         if spec.a_major != "k" or spec.b_major != "k":
             raise ValueError("the mma.sync HGEMM takes K-major A and B (B as w.t())")
         super().__init__(spec)
+        #: Columns of A's tiles: its kept halves only when A is 2:4 sparse.
+        self.a_block_k = self.cfg.block_k // 2 if spec.sparse else self.cfg.block_k
 
     def launch(self, t: GemmArgs, stream: cuda.CUstream):
         """Layouts, copies and the tiled MMA of the config, then one CTA per tile (split-K's
-        and INT8's arguments unused)."""
+        and INT8's arguments unused; the metadata with 2:4 sparse A)."""
         a, b, c = t.a, t.b, t.c
         cfg = self.cfg
         mB = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 0]))
@@ -61,7 +89,7 @@ class HgemmSm80(GemmKernel):
         fields = {}
         sA_layout = sB_layout = sC_layout = None
         if cutlass.const_expr(cfg.smem):
-            sA_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, cfg.block_k, cfg.stages)
+            sA_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, self.a_block_k, cfg.stages)
             sB_layout = smem_tile_layout(cfg.swizzle, cfg.block_n, cfg.block_k, cfg.stages)
             fields["sA"] = cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sA_layout)], 128]
@@ -73,24 +101,23 @@ class HgemmSm80(GemmKernel):
                 cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 128]
         load_op = (cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
                    if cfg.async_copy else cute.nvgpu.CopyUniversalOp())
-        gmem_load = row_copy(cute.make_copy_atom(load_op, self.dtype,
-                                                 num_bits_per_copy=COPY_BITS),
-                             cfg.num_threads, cfg.block_k)
+        load_atom = cute.make_copy_atom(load_op, self.dtype, num_bits_per_copy=COPY_BITS)
+        gmem_load = row_copy(load_atom, cfg.num_threads, cfg.block_k)
+        gmem_load_a = row_copy(load_atom, cfg.num_threads, self.a_block_k)
         gmem_store = row_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
                                                   self.out_dtype, num_bits_per_copy=COPY_BITS),
                               cfg.num_threads, cfg.block_n)
         SharedStorage = shared_storage(fields) if fields else None
-        self.kernel(a, mB, c, tiled_mma, gmem_load, gmem_store, sA_layout, sB_layout,
-                    sC_layout, SharedStorage).launch(
+        self.kernel(a, mB, c, t.meta, tiled_mma, (gmem_load_a, gmem_load), gmem_store,
+                    sA_layout, sB_layout, sC_layout, SharedStorage).launch(
             grid=[cute.ceil_div(c.shape[0], cfg.block_m), cute.ceil_div(c.shape[1], cfg.block_n),
                   1],
             block=[cfg.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
-               tiled_mma: cute.TiledMma, gmem_load: cute.TiledCopy,
-               gmem_store: cute.TiledCopy, sA_layout, sB_layout, sC_layout,
-               SharedStorage: cutlass.Constexpr):
+    def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mE: cute.Tensor | None,
+               tiled_mma: cute.TiledMma, gmem_loads: tuple, gmem_store: cute.TiledCopy,
+               sA_layout, sB_layout, sC_layout, SharedStorage: cutlass.Constexpr):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         m, n, _ = cute.arch.block_idx()
@@ -107,7 +134,8 @@ class HgemmSm80(GemmKernel):
         if cutlass.const_expr(cfg.smem):
             sA = storage.sA.get_tensor(sA_layout)
             sB = storage.sB.get_tensor(sB_layout)
-            self._mainloop_smem(gA, gB, sA, sB, tiled_mma, thr_mma, gmem_load, acc, tidx)
+            self._mainloop_smem(gA, gB, sA, sB, tiled_mma, thr_mma, gmem_loads, acc, tidx,
+                                (mE, m))
         else:
             self._mainloop_global(gA, gB, tiled_mma, thr_mma, acc)
         rC = cute.make_fragment_like(acc, self.out_dtype)
@@ -123,7 +151,7 @@ class HgemmSm80(GemmKernel):
     def _a_tiles(self, mA: cute.Tensor, m):
         """A's source for the CTA's row block ``m``: its K tiles ``(block_m, block_k, k)``
         (the implicit-GEMM convolution gathers them from an image instead)."""
-        return cute.local_tile(mA, (self.cfg.block_m, self.cfg.block_k), (m, None))
+        return cute.local_tile(mA, (self.cfg.block_m, self.a_block_k), (m, None))
 
     def _a_loads(self, thr_load, gA, sA: cute.Tensor) -> tuple:
         """This thread's part of A's copies (source, shared stages) and the K tiles."""
@@ -151,11 +179,14 @@ class HgemmSm80(GemmKernel):
     @cute.jit
     def _mainloop_smem(self, gA: cute.Tensor, gB: cute.Tensor, sA: cute.Tensor,
                        sB: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma,
-                       gmem_load: cute.TiledCopy, acc: cute.Tensor, tidx):
-        """Tiles through a ``stages``-deep shared-memory ring, fragments from there."""
+                       gmem_loads: tuple, acc: cute.Tensor, tidx, meta: tuple):
+        """Tiles through a ``stages``-deep shared-memory ring, fragments from there
+        (``gmem_loads``: A's tiled copy and B's; ``meta``: the 2:4 metadata and the CTA's
+        row block)."""
         cfg = self.cfg
+        gmem_load_a, gmem_load = gmem_loads
         thr_load = gmem_load.get_slice(tidx)
-        a_load, k_tiles = self._a_loads(thr_load, gA, sA)
+        a_load, k_tiles = self._a_loads(gmem_load_a.get_slice(tidx), gA, sA)
         loads = (a_load, (thr_load.partition_S(gB), thr_load.partition_D(sB)))
         tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA[None, None, 0]))
         tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB[None, None, 0]))
@@ -174,7 +205,12 @@ class HgemmSm80(GemmKernel):
             if s < k_tiles:
                 self._load_tile(gmem_load, loads, s, s)
             self._commit()
+        tCcA = thr_mma.partition_A(cute.make_identity_tensor((cfg.block_m, self.a_block_k)))
         for k in cutlass.range(k_tiles, unroll=1):
+            words = None
+            if cutlass.const_expr(self.spec.sparse):
+                # Global loads, issued before the wait so they overlap it.
+                words = self._sparse_metadata(meta, tCcA, k, tidx)
             if cutlass.const_expr(stages == 1):
                 self._load_tile(gmem_load, loads, k, 0)
                 self._commit()
@@ -190,12 +226,59 @@ class HgemmSm80(GemmKernel):
                     self._load_tile(gmem_load, loads, ahead, ahead % stages)
                 self._commit()
             stage = k % stages
-            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                for (src, dst), s2r_copy in zip(frags, s2r, strict=True):
-                    cute.copy(s2r_copy, src[None, None, kb, stage], dst[None, None, kb])
-                cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+            if cutlass.const_expr(self.spec.sparse):
+                self._sparse_mmas(frags, s2r, tCrA, tCrB, acc, stage, words)
+            else:
+                for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                    for (src, dst), s2r_copy in zip(frags, s2r, strict=True):
+                        cute.copy(s2r_copy, src[None, None, kb, stage], dst[None, None, kb])
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
             if cutlass.const_expr(stages == 1):
                 cute.arch.sync_threads()
+
+    @cute.jit
+    def _sparse_metadata(self, meta: tuple, tCcA: cute.Tensor, k, tidx) -> cute.Tensor:
+        """This thread's metadata words of K tile ``k``, one per (M atom, 32-deep step): the
+        16-bit groups of its rows g (low half) and g + 8 (high half) over the step's first
+        16 columns (lane 0 of a quad) or its last 16 (lane 1; lanes 2 and 3 load lane 0's and
+        1's, which the MMA ignores under selector 0)."""
+        mE, m = meta
+        cfg = self.cfg
+        steps = cfg.block_k // SPARSE_MMA_K
+        words = cute.make_rmem_tensor((cute.size(tCcA, mode=[1]), steps), cutlass.Int32)
+        half = tidx % 2
+        for i in cutlass.range_constexpr(cute.size(tCcA, mode=[1])):
+            row = m * cfg.block_m + tCcA[0, i, 0][0]
+            for step in cutlass.range_constexpr(steps):
+                col = (k * cfg.block_k + step * SPARSE_MMA_K) // 16 + half
+                low = cutlass.Int32(mE[row, col]) & 0xFFFF
+                high = cutlass.Int32(mE[row + 8, col]) & 0xFFFF
+                words[i, step] = low | (high << 16)
+        return words
+
+    @cute.jit
+    def _sparse_mmas(self, frags: tuple, s2r: list, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                     acc: cute.Tensor, stage, words: cute.Tensor):
+        """One K tile of 2:4 sparse A: per 32-deep step, A's compressed K block ``step`` and
+        B's K blocks ``2 step`` and ``2 step + 1`` to registers, then one ``mma.sp`` per
+        16 x 8 output block."""
+        (a_src, a_dst), (b_src, b_dst) = frags
+        ptx_dtype = "bf16" if self.dtype == cutlass.BFloat16 else "f16"
+        for step in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.copy(s2r[0], a_src[None, None, step, stage], a_dst[None, None, step])
+            for kb in cutlass.range_constexpr(2 * step, 2 * step + 2):
+                cute.copy(s2r[1], b_src[None, None, kb, stage], b_dst[None, None, kb])
+            for i in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                a = cute.recast_tensor(tCrA[None, i, step], cutlass.Int32)
+                for j in cutlass.range_constexpr(cute.size(acc, mode=[2])):
+                    b = [cute.recast_tensor(tCrB[None, j, kb], cutlass.Int32)
+                         for kb in (2 * step, 2 * step + 1)]
+                    c = acc[None, i, j]
+                    d = mma_sp_16832([a[w] for w in range(4)],
+                                     [b[w // 2][w % 2] for w in range(4)],
+                                     [c[v] for v in range(4)], words[i, step], ptx_dtype)
+                    for v in cutlass.range_constexpr(4):
+                        c[v] = d[v]
 
     def _load_tile(self, gmem_load: cute.TiledCopy, loads: tuple, k, stage) -> None:
         """K tile ``k`` of A and B into ring stage ``stage``."""

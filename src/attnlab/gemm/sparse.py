@@ -1,0 +1,181 @@
+"""``attnlab.gemm.sparse``: 2:4 structured-sparse HGEMM (the lab's Observation N).
+
+A matrix A ``[M, K]`` is 2:4 sparse when every group of four consecutive elements of a row holds
+at most two non-zeros (``prune_2_4`` makes one from any matrix, keeping the two largest
+magnitudes of each group). ``compress_2_4`` stores it as a ``Sparse24``: the two kept values of
+each group, in order (``values [M, K / 2]``), and their positions (``meta``, int16
+``[M, K / 16]``): the group of columns ``4g .. 4g + 3`` is the 4-bit field ``g % 4`` of
+``meta[:, g // 4]``, its low two bits the first kept position, its high two bits the second
+(first < second: an all-zero or one-non-zero group keeps zeros in its free places).
+
+``sparse_matmul(a, b)`` is ``A @ b`` on the tensor cores' sparse MMA (``mma.sp``): half of A's
+bytes and half of the MMA instructions of the dense product (``kernels/gemm/sm80.py``, the
+``mma.sync`` HGEMM with ``GemmSpec.sparse``). Shapes that are not whole tiles are padded with
+zeros (which keep the 2:4 pattern) and the result sliced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnlab import device, kernel_cache
+from attnlab.gemm.api import refuse_autograd
+from attnlab.gemm_config import MmaGemmConfig
+from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
+
+#: The sparse kernel's default tile: the ladder's best ``mma.sync`` tile (g07x: 128 x 256, XOR
+#: swizzle) at a 64-deep K step, on 8 warps of 64 x 64: 16 warps cap a thread at 128
+#: registers, where the metadata words push the build into 4 spill stores (cross-compiled).
+SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, warps_n=4,
+                              swizzle="xor")
+#: Columns of A one metadata word covers: four groups of four.
+META_COLUMNS = 16
+#: The metadata word of padding: every group keeps positions 0 and 1 (zeros there).
+PAD_META = 0x4444
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Sparse24:
+    """A 2:4 sparse matrix: ``values [M, K / 2]`` (the kept elements) and ``meta`` (int16
+    ``[M, K / 16]``, their positions; module docstring), with ``K`` padded to a multiple of
+    16; ``k`` is the logical column count."""
+
+    values: torch.Tensor
+    meta: torch.Tensor
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.values.shape[0], self.k
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+
+def _groups(a: torch.Tensor) -> torch.Tensor:
+    """``a [M, K]`` as ``[M, K' / 4, 4]``, K padded with zeros to a multiple of 16."""
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise ValueError(f"a must be a 2-D torch.Tensor, got "
+                         f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
+    pad = -a.shape[1] % META_COLUMNS
+    return F.pad(a, (0, pad)).reshape(a.shape[0], -1, 4)
+
+
+def prune_2_4(a: torch.Tensor) -> torch.Tensor:
+    """``a`` with the two smallest magnitudes of every group of four columns set to zero (a
+    trailing group of fewer than four keeps its two largest)."""
+    groups = _groups(a)
+    keep = groups.abs().topk(2, dim=-1).indices
+    pruned = torch.zeros_like(groups).scatter_(-1, keep, groups.gather(-1, keep))
+    return pruned.reshape(a.shape[0], -1)[:, :a.shape[1]]
+
+
+def compress_2_4(a: torch.Tensor) -> Sparse24:
+    """The ``Sparse24`` form of a 2:4 sparse fp16/bf16 ``a [M, K]``.
+
+    Raises:
+        TypeError: a dtype other than fp16/bf16.
+        ValueError: not a matrix, or a group of four columns with more than two non-zeros
+            (``prune_2_4`` makes one that has none).
+    """
+    groups = _groups(a)
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"2:4 sparse A is fp16 or bf16, got {a.dtype}")
+    nonzero = groups != 0
+    crowded = nonzero.sum(dim=-1) > 2
+    if crowded.any():
+        row, group = (int(x) for x in crowded.nonzero()[0])
+        raise ValueError(f"a is not 2:4 sparse: row {row}, columns {4 * group}..{4 * group + 3} "
+                         f"hold more than two non-zeros (prune_2_4 keeps the two largest)")
+    # Non-zero positions first, then free ones, each in column order; the two kept in order.
+    order = torch.where(nonzero, 0, 4) + torch.arange(4, device=a.device)
+    kept = order.argsort(dim=-1)[..., :2].sort(dim=-1).values
+    values = groups.gather(-1, kept).reshape(a.shape[0], -1)
+    fields = (kept[..., 0] | kept[..., 1] << 2).to(torch.int32).reshape(a.shape[0], -1, 4)
+    words = (fields << torch.arange(0, 16, 4, device=a.device, dtype=torch.int32)).sum(-1)
+    # Two's complement: the int16 holds the word's 16 bits.
+    meta = torch.where(words >= 1 << 15, words - (1 << 16), words).to(torch.int16)
+    return Sparse24(values.contiguous(), meta.contiguous(), a.shape[1])
+
+
+def decompress(s: Sparse24) -> torch.Tensor:
+    """The dense ``[M, K]`` matrix of ``s``."""
+    m = s.values.shape[0]
+    words = s.meta.to(torch.int32) & 0xFFFF
+    fields = (words[..., None] >> torch.arange(0, 16, 4, device=s.device)) & 0xF
+    kept = torch.stack((fields & 3, fields >> 2), dim=-1).reshape(m, -1, 2).long()
+    groups = torch.zeros((m, kept.shape[1], 4), dtype=s.dtype, device=s.device)
+    groups.scatter_(-1, kept, s.values.reshape(m, -1, 2))
+    return groups.reshape(m, -1)[:, :s.k]
+
+
+def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None = None
+                  ) -> torch.Tensor:
+    """``A @ b`` for a 2:4 sparse ``A`` (``compress_2_4``), fp32 accumulation, in A's dtype.
+
+    Args:
+        a: ``Sparse24`` of ``[M, K]`` on an sm80+ GPU.
+        b: ``[K, N]`` in A's dtype and device (any strides: it is copied K-major, as a
+            transposed ``[N, K]`` weight, and padded to whole tiles).
+        config: the ``mma.sync`` tile (``block_k`` 64, tiles in shared memory by ``cp.async``
+            and ``ldmatrix``); default ``SPARSE_CONFIG``.
+
+    Returns:
+        ``[M, N]``, contiguous.
+
+    Raises:
+        RuntimeError: an input requires grad (no backward pass).
+        TypeError: ``a`` not a ``Sparse24``, ``b`` not a tensor, dtypes that differ.
+        ValueError: shapes that do not multiply, tensors on other devices or not on a GPU.
+        ConfigError: a config the sparse kernel cannot build.
+    """
+    if not isinstance(a, Sparse24):
+        raise TypeError(f"a must be a Sparse24 (attnlab.gemm.sparse.compress_2_4), got "
+                        f"{type(a).__name__}")
+    if not isinstance(b, torch.Tensor) or b.dim() != 2:
+        raise TypeError("b must be a 2-D torch.Tensor")
+    refuse_autograd(a.values, b)
+    if b.dtype != a.dtype:
+        raise TypeError(f"a and b must share one dtype, got {a.dtype} and {b.dtype}")
+    (m, k), n = a.shape, b.shape[1]
+    if b.shape[0] != k:
+        raise ValueError(f"A @ b needs b to have A's {k} columns as rows, got {tuple(b.shape)}")
+    if b.device != a.device or a.device.type != "cuda":
+        raise ValueError(f"A and b must be on one CUDA device, got {a.device} and {b.device}")
+    config = SPARSE_CONFIG if config is None else config
+    spec = GemmSpec(config, device.info(a.device).arch, str(a.dtype).removeprefix("torch."),
+                    str(a.dtype).removeprefix("torch."), "k", "k", sparse=True)
+    pad_m, pad_n = -m % config.block_m, -n % config.block_n
+    pad_k = -a.meta.shape[1] * META_COLUMNS % config.block_k
+    values, meta = a.values, a.meta
+    if pad_m or pad_k:
+        values = F.pad(values, (0, pad_k // 2, 0, pad_m))
+        meta = F.pad(meta, (0, pad_k // META_COLUMNS, 0, pad_m), value=PAD_META)
+    # The kernel copies 16-byte chunks of K-major rows: what is not such is copied (and B
+    # padded to whole tiles); a transposed weight of whole tiles goes as it is.
+    if not _rows_of_16_bytes(values):
+        values = values.clone(memory_format=torch.contiguous_format)
+    if meta.stride(1) != 1:
+        meta = meta.contiguous()
+    b_t = b.t()
+    if values.shape[1] * 2 != k or pad_n or not _rows_of_16_bytes(b_t):
+        b_t = F.pad(b_t, (0, values.shape[1] * 2 - k, 0, pad_n))
+    c = torch.empty((m + pad_m, n + pad_n), dtype=a.dtype, device=a.device)
+    kernel_cache.get(spec).fn(values, b_t.t(), c, None, None, None, None, None, None, None,
+                              meta, 1, math.prod(c.shape) // (config.block_m * config.block_n))
+    return c[:m, :n] if pad_m or pad_n else c
+
+
+def _rows_of_16_bytes(t: torch.Tensor) -> bool:
+    """Whether 16-bit ``t``'s rows are contiguous and start on 16-byte boundaries."""
+    return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
