@@ -24,8 +24,8 @@
 #            later arguments go to it)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
 #            arguments go to the bench, e.g. --shapes 4096x4096x4096), INT8, the HGEMM ladder
-#   sparse   the 2:4 sparse HGEMM's GPU tests, then attnlab bench --family sparse (against the
-#            dense kernels and torch's semi-structured sparse on one pruned A)
+#   sparse   the 2:4 sparse and online INT8 GEMMs' GPU tests, then attnlab bench --family
+#            sparse (against the dense kernels and torch's semi-structured sparse, one pruned A)
 #   gemmtune attnlab tune --family gemm at the skinny shapes, then the bench there again (the
 #            tuned configs in use)
 #   conv     the convolution family's GPU tests, then attnlab bench --family conv (SD-UNet shapes)
@@ -115,7 +115,7 @@ case $mode in
     attnlab ladder --family gemm --dtype bf16 --out "$OUT/ladder"
     ;;
   sparse)
-    python3 -m pytest -q -p no:cacheprovider tests/test_gemm_gpu.py -k sparse 2>&1 \
+    python3 -m pytest -q -p no:cacheprovider tests/test_gemm_gpu.py -k "sparse or online" 2>&1 \
       | tee -a "$log" | tail -8
     attnlab bench --family sparse --dtypes bf16,fp16 --out "$OUT/sparse"
     ;;

@@ -82,7 +82,8 @@ def bench_gemm(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
 
 def bench_sparse(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     """``attnlab bench --family sparse``: the 2:4 sparse HGEMM against the dense kernels on
-    the same pruned A (TFLOP/s of the dense product's FLOPs); table, ``sparse.json``, plot."""
+    the same pruned A (TFLOP/s of the dense product's FLOPs), and the online INT8 GEMM beside
+    them; table, ``sparse.json``, plot."""
     import torch
 
     from attnlab import device

@@ -113,9 +113,9 @@ def bench(
     family: str = typer.Option("attention", help="attention; gemm: attnlab.gemm.matmul "
                                "against cuBLAS on the lab's shapes and an LLM projection set "
                                "(--dtypes bf16,fp16,int8; --shapes); sparse: the 2:4 sparse "
-                               "HGEMM against the dense kernels and torch's semi-structured "
-                               "sparse; conv: attnlab.conv.conv2d against cuDNN at the SD-UNet "
-                               "shapes."),
+                               "HGEMM and the online INT8 GEMM against the dense kernels and "
+                               "torch's semi-structured sparse; conv: attnlab.conv.conv2d "
+                               "against cuDNN at the SD-UNet shapes."),
     shapes: str = typer.Option(None, help="With --family gemm: MxNxK shapes, comma-separated "
                                "(a trailing 't' takes B as a transposed [N, K] weight)."),
     batches: str = typer.Option("1,8,64", help="With --decode: comma-separated batches."),

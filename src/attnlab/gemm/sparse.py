@@ -16,14 +16,14 @@ zeros (which keep the 2:4 pattern) and the result sliced.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from attnlab import device, kernel_cache
+from attnlab import device
 from attnlab.gemm.api import refuse_autograd
+from attnlab.gemm.mma_sync import k_major, run_tiles, tiles
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
 
@@ -155,27 +155,9 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     config = SPARSE_CONFIG if config is None else config
     spec = GemmSpec(config, device.info(a.device).arch, str(a.dtype).removeprefix("torch."),
                     str(a.dtype).removeprefix("torch."), "k", "k", sparse=True)
-    pad_m, pad_n = -m % config.block_m, -n % config.block_n
-    pad_k = -a.meta.shape[1] * META_COLUMNS % config.block_k
-    values, meta = a.values, a.meta
-    if pad_m or pad_k:
-        values = F.pad(values, (0, pad_k // 2, 0, pad_m))
-        meta = F.pad(meta, (0, pad_k // META_COLUMNS, 0, pad_m), value=PAD_META)
-    # The kernel copies 16-byte chunks of K-major rows: what is not such is copied (and B
-    # padded to whole tiles); a transposed weight of whole tiles goes as it is.
-    if not _rows_of_16_bytes(values):
-        values = values.clone(memory_format=torch.contiguous_format)
-    if meta.stride(1) != 1:
-        meta = meta.contiguous()
-    b_t = b.t()
-    if values.shape[1] * 2 != k or pad_n or not _rows_of_16_bytes(b_t):
-        b_t = F.pad(b_t, (0, values.shape[1] * 2 - k, 0, pad_n))
-    c = torch.empty((m + pad_m, n + pad_n), dtype=a.dtype, device=a.device)
-    kernel_cache.get(spec).fn(values, b_t.t(), c, None, None, None, None, None, None, None,
-                              meta, 1, math.prod(c.shape) // (config.block_m * config.block_n))
-    return c[:m, :n] if pad_m or pad_n else c
-
-
-def _rows_of_16_bytes(t: torch.Tensor) -> bool:
-    """Whether 16-bit ``t``'s rows are contiguous and start on 16-byte boundaries."""
-    return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+    rows, k_tiles = tiles(m, config.block_m), tiles(a.meta.shape[1] * META_COLUMNS,
+                                                   config.block_k)
+    values = k_major(a.values, rows, k_tiles // 2)
+    meta = k_major(a.meta, rows, k_tiles // META_COLUMNS, value=PAD_META)
+    b_t = k_major(b.t(), tiles(n, config.block_n), k_tiles)
+    return run_tiles(spec, values, b_t, meta, m, n)

@@ -27,7 +27,8 @@ DEQUANTS = ("none", "scale", "scale_zero")
 SPLITS = ("none", "serial", "workspace", "atomic")
 #: Bytes every TMA stride and base must be a multiple of.
 GEMM_ALIGN_BYTES = 16
-#: The K step of 2:4 sparse tiles: A's kept halves then fill 32 columns, one swizzle atom.
+#: The K step of 2:4 sparse and online INT8 tiles: A's kept halves, or an int8 tile read as
+#: 16-bit pairs, then fill 32 columns, one swizzle atom.
 SPARSE_BLOCK_K = 64
 
 
@@ -63,6 +64,10 @@ class GemmSpec(FlatSpec):
         sparse: A is 2:4 structured-sparse (``attnlab.gemm.sparse``): its kept halves
             ``[M, K / 2]`` and their metadata; the ``mma.sync`` kernel with ``mma.sp``, K step
             64, tiles in shared memory by ``cp.async`` and ``ldmatrix``.
+        online_int8: fp16/bf16 A and B quantized to int8 per K tile in shared memory (a scale
+            per row of A and per column of B and K tile), multiplied by s8 MMAs, each tile's
+            int32 sums scaled into an fp32 accumulator (``attnlab.gemm.online``); the same
+            ``mma.sync`` kernel and K step as ``sparse``.
     """
 
     KIND: ClassVar[str] = "gemm"
@@ -77,33 +82,39 @@ class GemmSpec(FlatSpec):
     dequant: str = "none"
     bias: bool = False
     sparse: bool = False
+    online_int8: bool = False
 
     def __post_init__(self):
         if self.bias and self.split in ("workspace", "atomic"):
             raise ConfigError(f"a bias is added by the epilogue of the slice that finishes a "
                               f"tile: split \"none\" or \"serial\", not {self.split!r}")
-        if self.sparse:
+        if self.sparse and self.online_int8:
+            raise ConfigError("sparse and online_int8 are separate kernels; pick one")
+        for flag, what in ((self.sparse, "2:4 sparse A"), (self.online_int8, "online INT8")):
             cfg = self.config
+            if not flag:
+                continue
             if not isinstance(cfg, MmaGemmConfig) or self.dtype not in ("float16", "bfloat16"):
-                raise ConfigError("2:4 sparse A runs on the mma.sync kernel (mma.sp) with "
-                                  "16-bit operands")
+                raise ConfigError(f"{what} runs on the mma.sync kernel with 16-bit operands")
             if cfg.block_k != SPARSE_BLOCK_K or not (cfg.smem and cfg.ldmatrix
                                                      and cfg.async_copy):
-                raise ConfigError(f"2:4 sparse A needs block_k={SPARSE_BLOCK_K} (one mma.sp "
-                                  f"K step of 32 per half tile) and its tiles in shared memory "
-                                  f"by cp.async and ldmatrix; got {cfg.label()}")
+                raise ConfigError(f"{what} needs block_k={SPARSE_BLOCK_K} (two 32-deep MMA "
+                                  f"steps a tile) and its tiles in shared memory by cp.async "
+                                  f"and ldmatrix; got {cfg.label()}")
 
     def variant(self) -> str:
         split = "" if self.split == "none" else f"_{self.split}"
         dequant = "" if self.dequant == "none" else f"_{self.dequant}"
         bias = "_bias" if self.bias else ""
         sparse = "_sp24" if self.sparse else ""
-        return f"_{self.a_major}{self.b_major}{split}{dequant}{bias}{sparse}"
+        online = "_online_int8" if self.online_int8 else ""
+        return f"_{self.a_major}{self.b_major}{split}{dequant}{bias}{sparse}{online}"
 
     @property
     def label(self) -> str:
         if isinstance(self.config, MmaGemmConfig):
-            family = "sparse24_sm80" if self.sparse else "hgemm_sm80"
+            family = ("sparse24_sm80" if self.sparse else
+                      "online_int8_sm80" if self.online_int8 else "hgemm_sm80")
             return f"{family}({self.config.label()})"
         family = "igemm" if self.dtype == "int8" else "hgemm"
         return f"{family}({self.config.label()})"

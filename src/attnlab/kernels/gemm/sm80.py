@@ -36,33 +36,20 @@ not a dispatch target; the sm_90a kernel serves calls.
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cutlass_dsl import T
 
 from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.epilogue import store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, row_copy, smem_tile_layout
 from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
 from attnlab.kernels.gemm.base import GemmKernel
+from attnlab.kernels.gemm.online_int8 import online_int8_mmas
+from attnlab.kernels.gemm.ptx_mma import mma_sp_16832
 
 #: m16n8k16: the MMA's shape; a tiled MMA's N is 16 so one ldmatrix.x4 feeds two n8 MMAs.
 MMA_SHAPE = (16, 8, 16)
 #: The logical K of one ``mma.sp``: two dense K blocks of B, one compressed K block of A.
 SPARSE_MMA_K = 32
-
-
-def mma_sp_16832(a: list, b: list, c: list, e, ptx_dtype: str) -> list:
-    """``d = A B + c`` for one 2:4 sparse m16n8k32 (``mma.sp``, sparsity selector 0): ``a`` the
-    four 32-bit words of the kept halves' fragment, ``b`` B's four, ``c`` the four fp32
-    accumulators, ``e`` the thread's metadata word; returns the four results."""
-    result = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4),
-        [x.ir_value() for x in (*a, *b, *c, e)],
-        f"mma.sp.sync.aligned.m16n8k32.row.col.f32.{ptx_dtype}.{ptx_dtype}.f32 "
-        "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9,$10,$11}, {$12,$13,$14,$15}, $16, 0x0;",
-        "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f,r")
-    return [cutlass.Float32(llvm.extractvalue(T.f32(), result, [i])) for i in range(4)]
 
 
 class HgemmSm80(GemmKernel):
@@ -99,6 +86,19 @@ class HgemmSm80(GemmKernel):
             sC_layout = smem_tile_layout(cfg.swizzle, cfg.block_m, cfg.block_n)
             fields["sC"] = cute.struct.Align[
                 cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 128]
+        q_layouts = None
+        if cutlass.const_expr(self.spec.online_int8):
+            # The int8 tiles as 16-bit pairs (what ldmatrix reads), and a scale per row.
+            q_layouts = (smem_tile_layout("xor", cfg.block_m, cfg.block_k // 2),
+                         smem_tile_layout("xor", cfg.block_n, cfg.block_k // 2))
+            fields["qA"] = cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(q_layouts[0])], 128]
+            fields["qB"] = cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(q_layouts[1])], 128]
+            fields["scale_a"] = cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, cfg.block_m], 16]
+            fields["scale_b"] = cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, cfg.block_n], 16]
         load_op = (cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
                    if cfg.async_copy else cute.nvgpu.CopyUniversalOp())
         load_atom = cute.make_copy_atom(load_op, self.dtype, num_bits_per_copy=COPY_BITS)
@@ -109,7 +109,7 @@ class HgemmSm80(GemmKernel):
                               cfg.num_threads, cfg.block_n)
         SharedStorage = shared_storage(fields) if fields else None
         self.kernel(a, mB, c, t.meta, tiled_mma, (gmem_load_a, gmem_load), gmem_store,
-                    sA_layout, sB_layout, sC_layout, SharedStorage).launch(
+                    sA_layout, sB_layout, sC_layout, q_layouts, SharedStorage).launch(
             grid=[cute.ceil_div(c.shape[0], cfg.block_m), cute.ceil_div(c.shape[1], cfg.block_n),
                   1],
             block=[cfg.num_threads, 1, 1], stream=stream)
@@ -117,7 +117,7 @@ class HgemmSm80(GemmKernel):
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mE: cute.Tensor | None,
                tiled_mma: cute.TiledMma, gmem_loads: tuple, gmem_store: cute.TiledCopy,
-               sA_layout, sB_layout, sC_layout, SharedStorage: cutlass.Constexpr):
+               sA_layout, sB_layout, sC_layout, q_layouts, SharedStorage: cutlass.Constexpr):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         m, n, _ = cute.arch.block_idx()
@@ -134,8 +134,14 @@ class HgemmSm80(GemmKernel):
         if cutlass.const_expr(cfg.smem):
             sA = storage.sA.get_tensor(sA_layout)
             sB = storage.sB.get_tensor(sB_layout)
+            quant = None
+            if cutlass.const_expr(self.spec.online_int8):
+                quant = (storage.qA.get_tensor(q_layouts[0])[None, None, 0],
+                         storage.qB.get_tensor(q_layouts[1])[None, None, 0],
+                         storage.scale_a.get_tensor(cute.make_layout(cfg.block_m)),
+                         storage.scale_b.get_tensor(cute.make_layout(cfg.block_n)))
             self._mainloop_smem(gA, gB, sA, sB, tiled_mma, thr_mma, gmem_loads, acc, tidx,
-                                (mE, m))
+                                (mE, m, quant))
         else:
             self._mainloop_global(gA, gB, tiled_mma, thr_mma, acc)
         rC = cute.make_fragment_like(acc, self.out_dtype)
@@ -179,10 +185,10 @@ class HgemmSm80(GemmKernel):
     @cute.jit
     def _mainloop_smem(self, gA: cute.Tensor, gB: cute.Tensor, sA: cute.Tensor,
                        sB: cute.Tensor, tiled_mma: cute.TiledMma, thr_mma,
-                       gmem_loads: tuple, acc: cute.Tensor, tidx, meta: tuple):
+                       gmem_loads: tuple, acc: cute.Tensor, tidx, side: tuple):
         """Tiles through a ``stages``-deep shared-memory ring, fragments from there
-        (``gmem_loads``: A's tiled copy and B's; ``meta``: the 2:4 metadata and the CTA's
-        row block)."""
+        (``gmem_loads``: A's tiled copy and B's; ``side``: the 2:4 metadata and the CTA's
+        row block, and online INT8's tiles and scales in shared memory)."""
         cfg = self.cfg
         gmem_load_a, gmem_load = gmem_loads
         thr_load = gmem_load.get_slice(tidx)
@@ -210,7 +216,7 @@ class HgemmSm80(GemmKernel):
             words = None
             if cutlass.const_expr(self.spec.sparse):
                 # Global loads, issued before the wait so they overlap it.
-                words = self._sparse_metadata(meta, tCcA, k, tidx)
+                words = self._sparse_metadata(side[:2], tCcA, k, tidx)
             if cutlass.const_expr(stages == 1):
                 self._load_tile(gmem_load, loads, k, 0)
                 self._commit()
@@ -228,6 +234,9 @@ class HgemmSm80(GemmKernel):
             stage = k % stages
             if cutlass.const_expr(self.spec.sparse):
                 self._sparse_mmas(frags, s2r, tCrA, tCrB, acc, stage, words)
+            elif cutlass.const_expr(self.spec.online_int8):
+                online_int8_mmas((sA[None, None, stage], sB[None, None, stage]), side[2],
+                                 thr_mma, s2r, acc, cfg.num_threads, tidx)
             else:
                 for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
                     for (src, dst), s2r_copy in zip(frags, s2r, strict=True):

@@ -1,0 +1,40 @@
+"""Calls of the ``mma.sync`` kernel's library forms (``kernels/gemm/sm80.py``: 2:4 sparse A,
+online INT8): operands padded to whole tiles in the K-major layout the kernel copies in
+16-byte chunks, one CTA per output tile, the result sliced back."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnlab import kernel_cache
+from attnlab.kernels.gemm.abi import GemmSpec
+
+
+def k_major(t: torch.Tensor, rows: int, cols: int, value: int = 0) -> torch.Tensor:
+    """``t`` (``[r, c]``, K along ``c``) padded with ``value`` to ``[rows, cols]`` with rows
+    that are contiguous and start on 16-byte boundaries; ``t`` itself when it already is."""
+    width = t.element_size()
+    if (t.shape == (rows, cols) and t.stride(1) == 1 and t.stride(0) * width % 16 == 0
+            and t.data_ptr() % 16 == 0):
+        return t
+    return F.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]), value=value).contiguous()
+
+
+def run_tiles(spec: GemmSpec, a: torch.Tensor, b_t: torch.Tensor, meta: torch.Tensor | None,
+              m: int, n: int) -> torch.Tensor:
+    """C ``[m, n]`` of ``spec``'s kernel on ``a`` and ``b_t`` (``[N', K']``, B as a transposed
+    weight), both already whole tiles of ``spec.config``."""
+    cfg = spec.config
+    c = torch.empty((a.shape[0], b_t.shape[0]), dtype=getattr(torch, spec.out_dtype),
+                    device=a.device)
+    kernel_cache.get(spec).fn(a, b_t.t(), c, None, None, None, None, None, None, None, meta, 1,
+                              math.prod(c.shape) // (cfg.block_m * cfg.block_n))
+    return c[:m, :n] if c.shape != (m, n) else c
+
+
+def tiles(length: int, tile: int) -> int:
+    """``length`` rounded up to whole ``tile``s."""
+    return -(-length // tile) * tile

@@ -1,0 +1,45 @@
+"""Tensor-core instructions CuTe DSL 4.8.1 has no warp-level atom for, as inline PTX on the
+fragments of the dense m16n8k16 tiled MMA (``kernels/gemm/sm80.py``), and the rounding the
+online INT8 quantization needs.
+
+Both MMAs take operands whose thread layout is the dense 16-bit one: ``mma.sp`` m16n8k32's
+compressed A is the dense A fragment of the kept halves and its B two dense k16 B fragments;
+``mma`` m16n8k32 s8's A and B are the dense 16-bit fragments of the int8 tiles read as 16-bit
+pairs. C and D are the m16n8 accumulator (c0, c1: row g, columns 2t and 2t + 1; c2, c3: row
+g + 8), the order CuTe's accumulator fragments hold them in.
+"""
+
+import cutlass
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
+
+
+def _mma(ptx: str, out_type, outs: int, operands: list, constraints: str) -> list:
+    result = llvm.inline_asm(llvm.StructType.get_literal([out_type()] * outs),
+                             [x.ir_value() for x in operands], ptx, constraints)
+    return [llvm.extractvalue(out_type(), result, [i]) for i in range(outs)]
+
+
+def mma_sp_16832(a: list, b: list, c: list, e, ptx_dtype: str) -> list:
+    """``d = A B + c`` for one 2:4 sparse m16n8k32 (``mma.sp``, sparsity selector 0): ``a`` the
+    four 32-bit words of the kept halves' fragment, ``b`` B's four, ``c`` the four fp32
+    accumulators, ``e`` the thread's metadata word; returns the four fp32 results."""
+    d = _mma(f"mma.sp.sync.aligned.m16n8k32.row.col.f32.{ptx_dtype}.{ptx_dtype}.f32 "
+             "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9,$10,$11}, {$12,$13,$14,$15}, $16, 0x0;",
+             T.f32, 4, [*a, *b, *c, e], "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f,r")
+    return [cutlass.Float32(x) for x in d]
+
+
+def mma_s8_16832(a: list, b: list, c: list) -> list:
+    """``d = A B + c`` for one int8 m16n8k32 (``mma``, s8 x s8, int32 accumulation): ``a`` A's
+    four 32-bit words (16 int8), ``b`` B's two, ``c`` the four int32 accumulators."""
+    d = _mma("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+             "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+             T.i32, 4, [*a, *b, *c], "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r")
+    return [cutlass.Int32(x) for x in d]
+
+
+def round_to_int(x) -> cutlass.Int32:
+    """``x`` (fp32) rounded to the nearest integer, ties to even (``cvt.rni``)."""
+    return cutlass.Int32(llvm.inline_asm(T.i32(), [cutlass.Float32(x).ir_value()],
+                                         "cvt.rni.s32.f32 $0, $1;", "=r,f"))
