@@ -13,6 +13,26 @@ from attnlab import kernel_cache
 from attnlab.kernels.gemm.abi import GemmSpec
 
 
+def check_b(b: object, name: str, dtype: torch.dtype, device: torch.device, k: int) -> None:
+    """``b`` as the right operand of ``name`` (``dtype``, ``device``, ``k`` columns): a CUDA
+    matrix of the same dtype and device with ``k`` rows.
+
+    Raises:
+        TypeError: not a 2-D tensor, or another dtype.
+        ValueError: other rows, devices, or not on a GPU.
+    """
+    if not isinstance(b, torch.Tensor) or b.dim() != 2:
+        raise TypeError("b must be a 2-D torch.Tensor")
+    if b.dtype != dtype:
+        raise TypeError(f"{name} and b must share one dtype, got {dtype} and {b.dtype}")
+    if b.shape[0] != k:
+        raise ValueError(f"{name} @ b needs b to have {name}'s {k} columns as rows, got "
+                         f"{tuple(b.shape)}")
+    if b.device != device or device.type != "cuda":
+        raise ValueError(f"{name} and b must be on one CUDA device, got {device} and "
+                         f"{b.device}")
+
+
 def k_major(t: torch.Tensor, rows: int, cols: int, value: int = 0) -> torch.Tensor:
     """``t`` (``[r, c]``, K along ``c``) padded with ``value`` to ``[rows, cols]`` with rows
     that are contiguous and start on 16-byte boundaries; ``t`` itself when it already is."""

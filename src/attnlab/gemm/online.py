@@ -18,7 +18,7 @@ import torch
 
 from attnlab import device
 from attnlab.gemm.api import refuse_autograd
-from attnlab.gemm.mma_sync import k_major, run_tiles, tiles
+from attnlab.gemm.mma_sync import check_b, k_major, run_tiles, tiles
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
 
@@ -69,19 +69,13 @@ def online_int8_matmul(a: torch.Tensor, b: torch.Tensor, *,
         ValueError: shapes that do not multiply, tensors on other devices or not on a GPU.
         ConfigError: a config the kernel cannot build.
     """
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-D torch.Tensor")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} is {t.dtype}; the online INT8 GEMM takes fp16 or bf16")
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise TypeError("a must be a 2-D torch.Tensor")
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"a is {a.dtype}; the online INT8 GEMM takes fp16 or bf16")
     refuse_autograd(a, b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must share one dtype, got {a.dtype} and {b.dtype}")
+    check_b(b, "a", a.dtype, a.device, a.shape[1])
     (m, k), n = a.shape, b.shape[1]
-    if b.shape[0] != k:
-        raise ValueError(f"a @ b needs b to have a's {k} columns as rows, got {tuple(b.shape)}")
-    if b.device != a.device or a.device.type != "cuda":
-        raise ValueError(f"a and b must be on one CUDA device, got {a.device} and {b.device}")
     config = ONLINE_CONFIG if config is None else config
     dtype = str(a.dtype).removeprefix("torch.")
     spec = GemmSpec(config, device.info(a.device).arch, dtype, dtype, "k", "k",

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from attnlab import device
 from attnlab.gemm.api import refuse_autograd
-from attnlab.gemm.mma_sync import k_major, run_tiles, tiles
+from attnlab.gemm.mma_sync import check_b, k_major, run_tiles, tiles
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
 
@@ -142,16 +142,9 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     if not isinstance(a, Sparse24):
         raise TypeError(f"a must be a Sparse24 (attnlab.gemm.sparse.compress_2_4), got "
                         f"{type(a).__name__}")
-    if not isinstance(b, torch.Tensor) or b.dim() != 2:
-        raise TypeError("b must be a 2-D torch.Tensor")
     refuse_autograd(a.values, b)
-    if b.dtype != a.dtype:
-        raise TypeError(f"a and b must share one dtype, got {a.dtype} and {b.dtype}")
-    (m, k), n = a.shape, b.shape[1]
-    if b.shape[0] != k:
-        raise ValueError(f"A @ b needs b to have A's {k} columns as rows, got {tuple(b.shape)}")
-    if b.device != a.device or a.device.type != "cuda":
-        raise ValueError(f"A and b must be on one CUDA device, got {a.device} and {b.device}")
+    check_b(b, "A", a.dtype, a.device, a.k)
+    m, n = a.shape[0], b.shape[1]
     config = SPARSE_CONFIG if config is None else config
     spec = GemmSpec(config, device.info(a.device).arch, str(a.dtype).removeprefix("torch."),
                     str(a.dtype).removeprefix("torch."), "k", "k", sparse=True)
