@@ -9,7 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnlab import kernel_cache
+from attnlab import device, kernel_cache
+from attnlab.config import SMEM_CAPACITY
 from attnlab.kernels.gemm.abi import GemmSpec
 
 
@@ -31,6 +32,19 @@ def check_b(b: object, name: str, dtype: torch.dtype, device: torch.device, k: i
     if b.device != device or device.type != "cuda":
         raise ValueError(f"{name} and b must be on one CUDA device, got {device} and "
                          f"{b.device}")
+
+
+def arch_of(t: torch.Tensor, what: str) -> str:
+    """The arch of ``t``'s GPU, which must run ``mma.sync`` kernels (sm80 and newer).
+
+    Raises:
+        NotImplementedError: an older GPU.
+    """
+    info = device.info(t.device)
+    if info.arch not in SMEM_CAPACITY:
+        raise NotImplementedError(f"{what} runs on sm80 and newer GPUs; {info.name} is "
+                                  f"{info.arch}")
+    return info.arch
 
 
 def k_major(t: torch.Tensor, rows: int, cols: int, value: int = 0) -> torch.Tensor:

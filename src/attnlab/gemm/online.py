@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from attnlab import device
 from attnlab.gemm.api import refuse_autograd
-from attnlab.gemm.mma_sync import check_b, k_major, run_tiles, tiles
+from attnlab.gemm.mma_sync import arch_of, check_b, k_major, run_tiles, tiles
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
 
@@ -78,7 +77,7 @@ def online_int8_matmul(a: torch.Tensor, b: torch.Tensor, *,
     (m, k), n = a.shape, b.shape[1]
     config = ONLINE_CONFIG if config is None else config
     dtype = str(a.dtype).removeprefix("torch.")
-    spec = GemmSpec(config, device.info(a.device).arch, dtype, dtype, "k", "k",
+    spec = GemmSpec(config, arch_of(a, "online_int8_matmul"), dtype, dtype, "k", "k",
                     online_int8=True)
     k_tiles = tiles(k, config.block_k)
     return run_tiles(spec, k_major(a, tiles(m, config.block_m), k_tiles),

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnlab import device
 from attnlab.gemm.api import refuse_autograd
-from attnlab.gemm.mma_sync import check_b, k_major, run_tiles, tiles
+from attnlab.gemm.mma_sync import arch_of, check_b, k_major, run_tiles, tiles
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
 
@@ -146,7 +145,8 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     check_b(b, "A", a.dtype, a.device, a.k)
     m, n = a.shape[0], b.shape[1]
     config = SPARSE_CONFIG if config is None else config
-    spec = GemmSpec(config, device.info(a.device).arch, str(a.dtype).removeprefix("torch."),
+    spec = GemmSpec(config, arch_of(a.values, "sparse_matmul"),
+                    str(a.dtype).removeprefix("torch."),
                     str(a.dtype).removeprefix("torch."), "k", "k", sparse=True)
     rows, k_tiles = tiles(m, config.block_m), tiles(a.meta.shape[1] * META_COLUMNS,
                                                    config.block_k)
