@@ -138,3 +138,20 @@ def test_sparse_bench_parses_its_options_before_needing_a_gpu():
     assert result.exit_code == 2 and "bf16 and/or fp16" in result.output
     result = CliRunner().invoke(app, ["bench", "--family", "sparse", "--shapes", "64x64"])
     assert result.exit_code == 2 and "MxNxK" in result.output
+
+
+def test_sass_takes_the_mma_sync_forms_by_name():
+    """``attnlab sass sparse24 --vs online_int8``: the two library forms of the ``mma.sync``
+    kernel at their default tiles (their MMAs' variants: the compile tests)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from attnlab.cli import app
+
+    result = CliRunner().invoke(app, ["sass", "sparse24", "--vs", "online_int8", "--arch",
+                                      "sm_80", "--dtype", "float16", "--json"])
+    assert result.exit_code == 0, result.output
+    opcodes = [set(k["sass"]["opcodes"]) for k in json.loads(result.output)["kernels"]]
+    assert "HMMA" in opcodes[0] and "IMMA" not in opcodes[0], opcodes
+    assert "IMMA" in opcodes[1] and "HMMA" not in opcodes[1], opcodes

@@ -35,17 +35,23 @@ from attnlab.config import (
 )
 from attnlab.conv.ladder import CONV_STEPS
 from attnlab.gemm.ladder import GEMM_STEPS
+from attnlab.gemm.online import ONLINE_CONFIG
+from attnlab.gemm.sparse import SPARSE_CONFIG
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import ImplicitConvSpec
 from attnlab.kernels.gemm.abi import GemmSpec
 from attnlab.ladder import resolve
+
+#: The mma.sync kernel's library forms by name, at their default tiles.
+MMA_SYNC_FORMS = {"sparse24": SPARSE_CONFIG, "online_int8": ONLINE_CONFIG}
 
 STATIC = "static (build-time) counts: each instruction once, however often it runs"
 
 CONFIG_ARG = typer.Argument(..., metavar="CONFIG",
                             help="A ladder name (k01..k16, pad8, ...), a FlashConfig JSON file, "
                             "or a GEMM config: gemm[:BMxBNxBK], igemm[:BMxBNxBK] (sm_90a), "
-                            "a GEMM ladder step g01..g09.")
+                            "a GEMM ladder step g01..g09, the mma.sync kernel's sparse24 "
+                            "(2:4 sparse A) or online_int8.")
 VS_OPTION = typer.Option(None, "--vs", metavar="CONFIG2", help="A second config to compare.")
 ARCH_OPTION = typer.Option("sm_90a", "--arch", help=f"Target: {', '.join(SMEM_CAPACITY)}.")
 DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
@@ -78,6 +84,8 @@ def _resolve(spec: str, hint: str) -> tuple[str, FlashConfig | GemmConfig | MmaG
             return spec, GemmConfig.from_name("gemm" + spec.removeprefix("conv"))[0]
         if spec in GEMM_STEPS:
             return spec, GEMM_STEPS[spec][0]
+        if spec in MMA_SYNC_FORMS:
+            return spec, MMA_SYNC_FORMS[spec]
         if spec in CONV_STEPS:
             options = CONV_STEPS[spec][0]
             if "config" not in options:
@@ -130,7 +138,9 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
             b_major = ("k" if in_dtype == "int8" or isinstance(config, MmaGemmConfig)
                        else "n")
             built = compile_spec(GemmSpec(config, arch, in_dtype, dtype, "k", b_major,
-                                          dequant="scale" if in_dtype == "int8" else "none"),
+                                          dequant="scale" if in_dtype == "int8" else "none",
+                                          sparse=label == "sparse24",
+                                          online_int8=label == "online_int8"),
                                  artifacts)
         else:
             built = compile_config(config, arch, dtype=dtype, head_dim=head_dim,
