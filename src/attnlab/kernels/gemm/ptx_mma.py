@@ -26,7 +26,7 @@ def mma_sp_16832(a: list, b: list, c: list, e, ptx_dtype: str) -> list:
     accumulators, ``e`` the thread's metadata word; returns the four fp32 results."""
     d = _mma(f"mma.sp.sync.aligned.m16n8k32.row.col.f32.{ptx_dtype}.{ptx_dtype}.f32 "
              "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9,$10,$11}, {$12,$13,$14,$15}, $16, 0x0;",
-             T.f32, 4, [*a, *b, *c, e], "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f,r")
+             T.f32, 4, [*a, *b, *c, e], "=f,=f,=f,=f,r,r,r,r,r,r,r,r,0,1,2,3,r")
     return [cutlass.Float32(x) for x in d]
 
 
@@ -35,7 +35,7 @@ def mma_s8_16832(a: list, b: list, c: list) -> list:
     four 32-bit words (16 int8), ``b`` B's two, ``c`` the four int32 accumulators."""
     d = _mma("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
              "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-             T.i32, 4, [*a, *b, *c], "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r")
+             T.i32, 4, [*a, *b, *c], "=r,=r,=r,=r,r,r,r,r,r,r,0,1,2,3")
     return [cutlass.Int32(x) for x in d]
 
 

@@ -202,8 +202,14 @@ class HgemmSm80(GemmKernel):
         else:
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
                                        num_bits_per_copy=32)
+        atom_b = atom
+        if cutlass.const_expr(cfg.ldmatrix and self.spec.sparse):
+            # One n8 block's k16 pair per ldmatrix: mma.sp's B takes two such pairs as one
+            # register quad, which an x4 spanning two n8 blocks would leave to 4 moves each.
+            atom_b = cute.make_copy_atom(
+                warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=2), self.dtype)
         s2r = [cute.make_tiled_copy_A(atom, tiled_mma).get_slice(tidx),
-               cute.make_tiled_copy_B(atom, tiled_mma).get_slice(tidx)]
+               cute.make_tiled_copy_B(atom_b, tiled_mma).get_slice(tidx)]
         frags = ((s2r[0].partition_S(sA), s2r[0].retile(tCrA)),
                  (s2r[1].partition_S(sB), s2r[1].retile(tCrB)))
         stages = cfg.stages
