@@ -215,7 +215,7 @@ class HgemmSm80(GemmKernel):
         stages = cfg.stages
         for s in cutlass.range_constexpr(stages - 1):
             if s < k_tiles:
-                self._load_tile(gmem_load, loads, s, s)
+                self._load_tile(gmem_loads, loads, s, s)
             self._commit()
         tCcA = thr_mma.partition_A(cute.make_identity_tensor((cfg.block_m, self.a_block_k)))
         for k in cutlass.range(k_tiles, unroll=1):
@@ -224,7 +224,7 @@ class HgemmSm80(GemmKernel):
                 # Global loads, issued before the wait so they overlap it.
                 words = self._sparse_metadata(side[:2], tCcA, k, tidx)
             if cutlass.const_expr(stages == 1):
-                self._load_tile(gmem_load, loads, k, 0)
+                self._load_tile(gmem_loads, loads, k, 0)
                 self._commit()
                 self._wait(0)
             else:
@@ -235,7 +235,7 @@ class HgemmSm80(GemmKernel):
             if cutlass.const_expr(stages > 1):
                 ahead = k + stages - 1
                 if ahead < k_tiles:
-                    self._load_tile(gmem_load, loads, ahead, ahead % stages)
+                    self._load_tile(gmem_loads, loads, ahead, ahead % stages)
                 self._commit()
             stage = k % stages
             if cutlass.const_expr(self.spec.sparse):
@@ -295,11 +295,12 @@ class HgemmSm80(GemmKernel):
                     for v in cutlass.range_constexpr(4):
                         c[v] = d[v]
 
-    def _load_tile(self, gmem_load: cute.TiledCopy, loads: tuple, k, stage) -> None:
-        """K tile ``k`` of A and B into ring stage ``stage``."""
+    def _load_tile(self, gmem_loads: tuple, loads: tuple, k, stage) -> None:
+        """K tile ``k`` of A and B into ring stage ``stage`` (``gmem_loads``: their tiled
+        copies)."""
         a_load, (src, dst) = loads
-        self._load_a(gmem_load, a_load, k, stage)
-        cute.copy(gmem_load, src[None, None, None, k], dst[None, None, None, stage])
+        self._load_a(gmem_loads[0], a_load, k, stage)
+        cute.copy(gmem_loads[1], src[None, None, None, k], dst[None, None, None, stage])
 
     def _commit(self) -> None:
         if cutlass.const_expr(self.cfg.async_copy):
