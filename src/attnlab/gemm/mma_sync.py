@@ -47,12 +47,14 @@ def arch_of(t: torch.Tensor, what: str) -> str:
     return info.arch
 
 
-def k_major(t: torch.Tensor, rows: int, cols: int, value: int = 0) -> torch.Tensor:
+def k_major(t: torch.Tensor, rows: int, cols: int, value: int = 0, align: int = 16
+            ) -> torch.Tensor:
     """``t`` (``[r, c]``, K along ``c``) padded with ``value`` to ``[rows, cols]`` with rows
-    that are contiguous and start on 16-byte boundaries; ``t`` itself when it already is."""
+    that are contiguous and start on ``align``-byte boundaries (16: the kernel's ``cp.async``
+    chunks); ``t`` itself when it already is."""
     width = t.element_size()
-    if (t.shape == (rows, cols) and t.stride(1) == 1 and t.stride(0) * width % 16 == 0
-            and t.data_ptr() % 16 == 0):
+    if (t.shape == (rows, cols) and t.stride(1) == 1 and t.stride(0) * width % align == 0
+            and t.data_ptr() % align == 0):
         return t
     return F.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]), value=value).contiguous()
 

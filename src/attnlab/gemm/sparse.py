@@ -151,6 +151,7 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     rows, k_tiles = tiles(m, config.block_m), tiles(a.meta.shape[1] * META_COLUMNS,
                                                    config.block_k)
     values = k_major(a.values, rows, k_tiles // 2)
-    meta = k_major(a.meta, rows, k_tiles // META_COLUMNS, value=PAD_META)
+    # The metadata is read 16 bits at a time: any unit-stride rows serve.
+    meta = k_major(a.meta, rows, k_tiles // META_COLUMNS, value=PAD_META, align=2)
     b_t = k_major(b.t(), tiles(n, config.block_n), k_tiles)
     return run_tiles(spec, values, b_t, meta, m, n)
