@@ -63,9 +63,11 @@ def test_the_online_spec_takes_the_mma_sync_kernel_at_k_step_64():
 def test_online_kernel_quantizes_in_shared_memory_and_runs_s8_mmas(arch, dtype, tmp_path):
     """Per K tile of 64 a thread of the default tile (8 warps of 64 x 32 on 128 x 128): 32
     ``IMMA.16832.S8.S8`` (4 x 4 output blocks, two 32-deep steps) and no HMMA; the quantizing
-    pass: 8 rows (4 of A, 4 of B) of 8 values each, so 64 ``F2I`` (the rounding) and 3
-    shuffles a row (24 ``SHFL``); one ``I2F`` per accumulator (64) to scale the tile's sums;
-    two barriers (the ring's, then quantized tiles before the MMAs read them); no spill."""
+    pass: 8 rows (4 of A, 4 of B) of 8 values each, 3 shuffles a row (24 ``SHFL``), one
+    reciprocal a row (8 ``MUFU.RCP``, no division's slow-path call) and no ``F2I`` (the
+    rounding is an FFMA against 1.5 * 2**23); one ``I2F`` per accumulator (64) to scale the
+    tile's sums; two barriers (the ring's, then quantized tiles before the MMAs read them); no
+    spill."""
     from attnlab.analysis.resources import read_resources
     from attnlab.analysis.sass import disassemble, histogram, parse
     from attnlab.jit import compile_spec, dumped_binary
@@ -79,5 +81,6 @@ def test_online_kernel_quantizes_in_shared_memory_and_runs_s8_mmas(arch, dtype, 
     assert mmas == {"IMMA.16832.S8.S8"} and ops["IMMA"] == 32
     # sm_90 converts int32 to fp32 with I2FP, sm_80 with I2F.
     converts = ops.get("I2F", 0) + ops.get("I2FP", 0)
-    assert ops["F2I"] == 64 and ops["SHFL"] == 24 and converts == 64 and ops["BAR"] == 2
+    assert "F2I" not in ops and "CALL" not in ops and ops["MUFU"] == 8
+    assert ops["SHFL"] == 24 and converts == 64 and ops["BAR"] == 2
     assert not read_resources(cubin, sass).spills

@@ -15,8 +15,14 @@ class CubinFunction:
     dynamic shared memory a launch (allowed past the default 48 KiB)."""
 
     def __init__(self, cubin: bytes, symbol: str, shared_bytes: int = 0):
+        import torch
         from cuda.bindings import driver
 
+        # The driver loads into the thread's current context, which torch makes current only
+        # once it has touched the device (a bare A/B run may not have yet): take torch's.
+        _, device = driver.cuDeviceGet(torch.cuda.current_device())
+        _, context = driver.cuDevicePrimaryCtxRetain(device)
+        driver.cuCtxSetCurrent(context)
         err, self.module = driver.cuModuleLoadData(cubin)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuModuleLoadData failed: {err}")

@@ -140,8 +140,9 @@ def _cute_call(kernel: str, fn) -> Callable[[tuple], object]:
         return lambda t: attention(t[0], t[1], t[2], softmax_scale=ATTENTION[3] ** -0.5,
                                    out=t[3], config=config)
     if kernel == "hgemm_tile":
-        return lambda t: fn(t[0], t[1].t(), t[2], None, None, None, None, None, None, None, 1,
-                            (GEMM // 128) ** 2)
+        from attnlab.gemm.api import NO_EPILOGUE
+
+        return lambda t: fn(t[0], t[1].t(), t[2], None, None, *NO_EPILOGUE, 1, (GEMM // 128) ** 2)
     return lambda t: fn(*t)
 
 

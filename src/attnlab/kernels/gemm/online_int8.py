@@ -14,7 +14,7 @@ matrix's.
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.gemm.ptx_mma import mma_s8_16832, round_to_int
+from attnlab.kernels.gemm.ptx_mma import mma_s8_16832, quantize_s8x4
 
 #: Threads that quantize one row of a K tile (8 x 16 bytes = 64 16-bit values).
 LANES_PER_ROW = 8
@@ -40,14 +40,15 @@ def quantize_rows(src: cute.Tensor, dst: cute.Tensor, scales: cute.Tensor, rows:
             top = cute.arch.fmax(top, cute.arch.fmax(x[i], -x[i]))
         for offset in (1, 2, 4):
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=offset))
-        inverse = QMAX / cute.arch.fmax(top, cutlass.Float32(1e-30))
-        q = [round_to_int(x[i] * inverse) & 0xFF for i in range(8)]
-        packed[0, 0] = q[0] | (q[1] << 8) | (q[2] << 16) | (q[3] << 24)
-        packed[0, 1] = q[4] | (q[5] << 8) | (q[6] << 16) | (q[7] << 24)
+        # rcp.approx (one MUFU) where a division is a checked slow-path call: an inverse
+        # off by an ulp moves only a value within an ulp of a rounding tie, by one step.
+        inverse = QMAX * cute.arch.rcp_approx(cute.arch.fmax(top, cutlass.Float32(1e-30)))
+        packed[0, 0] = quantize_s8x4(x[:4], inverse)
+        packed[0, 1] = quantize_s8x4(x[4:], inverse)
         cute.autovec_copy(cute.recast_tensor(packed, src.element_type),
                           cute.local_tile(dst, (1, 4), (row, chunk)))
         if chunk == 0:
-            scales[row] = top / QMAX
+            scales[row] = top * (1.0 / QMAX)
 
 
 @cute.jit
