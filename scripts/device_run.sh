@@ -17,6 +17,8 @@
 #            source tree in .ab/REV (git archive REV src | tar -x -C .ab/REV, carried) and with
 #            this one, each in its own process and kernel cache, twice (scripts/ab_forward.py)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
+#   gemmhost where a GEMM call's host time goes (scripts/gemm_host.py: matmul per split mode,
+#            int8_matmul, their peers and the calls' parts)
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
@@ -77,6 +79,9 @@ case $mode in
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \
       --runs 15 --out "$OUT/narrow" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  gemmhost)
+    python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   dechost)
     python3 scripts/decode_host.py --out "$OUT/dechost" 2>&1 | grep -v Warning | tee -a "$log"
@@ -156,5 +161,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmtune|conv|study|frontends|explain|profile)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac
