@@ -4,10 +4,11 @@ end against 0.83x device only).
 
 Usage (GPU): python scripts/gemm_host.py [--out DIR]
 Host microseconds per call (``bench.timing.host_us_per_call``: calls enqueued without
-waiting, on one small problem whose device time stays below them) of ``matmul`` unsplit and
+waiting, on one small problem) and, for whole calls, device microseconds (behind a device-side
+hold: where they come near the host's, the host number is the device's) of ``matmul`` unsplit and
 with each split mode, of ``int8_matmul`` with and without zero points, of ``torch.matmul`` and
 ``torch._int_mm`` beside them, and of the parts of a call in isolation (the signature lookup,
-C's allocation, the zero points' row sums, the kernel launch on preallocated buffers); then
+C's allocation, the scale checks, the kernel launch on preallocated buffers); then
 the cProfile of 2,000 int8 calls (top 12 by own time). Prints a table, writes
 OUT/gemm_host.json and OUT/gemm_host_profile.txt.
 """
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.timing import host_us_per_call
+from attnlab.bench.timing import CudaEventClock, host_us_per_call
+from attnlab.counters import tile_counters
 from attnlab.gemm import GemmConfig, int8_matmul, matmul
 from attnlab.gemm import api as gemm_api
 from attnlab.gemm import int8 as int8_api
@@ -32,7 +34,7 @@ from attnlab.gemm import int8 as int8_api
 SHAPE = (256, 256, 1024)
 
 
-def gemm_parts(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+def gemm_parts(a: torch.Tensor, b: torch.Tensor) -> dict:
     """The bf16 GEMM: whole calls per split mode, the peer, and the unsplit call's parts."""
     pieces = {"matmul (none)": lambda i: matmul(a, b),
               "torch.matmul": lambda i: torch.matmul(a, b)}
@@ -49,31 +51,45 @@ def gemm_parts(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
                                                    a.dtype, None)),
         "  allocation": lambda i: torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype,
                                               device=a.device),
+        "  counters": lambda i: tile_counters(a.device, 1024),
         "  launch": lambda i: call.gemm(a, b, c, None, None, *gemm_api.NO_EPILOGUE, 1,
                                         call.plan.num_ctas),
     })
-    return {name: host_us_per_call(fn) for name, fn in pieces.items()}
+    return pieces
 
 
-def int8_parts(a_q, b_q, scale_a, scale_b, zero_b) -> dict[str, float]:
+def device_us_per_call(fn, calls: int = 200) -> float:
+    """Device microseconds per call: ``calls`` calls enqueued behind a device-side hold (so
+    the host never starves the stream), timed by CUDA events."""
+    clock = CudaEventClock()
+    fn(0)
+    clock.wait()
+    clock.hold(calls * 0.1)
+    start = clock.mark()
+    for i in range(calls):
+        fn(i)
+    stop = clock.mark()
+    clock.wait()
+    return clock.elapsed_ms(start, stop) / calls * 1e3
+
+
+def int8_parts(a_q, b_q, scale_a, scale_b, zero_b) -> dict:
     """INT8: whole calls (asymmetric, symmetric), the peer, and the asymmetric call's parts."""
     int8_matmul(a_q, b_q, scale_a, scale_b, zero_b=zero_b)
     call = next(v for v in int8_api._calls.values() if v.zero_points)
     c = torch.empty((a_q.shape[0], b_q.shape[1]), dtype=torch.bfloat16, device=a_q.device)
-    rowsum = a_q.sum(dim=1, dtype=torch.int32)
     pieces = {
         "int8_matmul (zero points)": lambda i: int8_matmul(a_q, b_q, scale_a, scale_b,
                                                            zero_b=zero_b),
         "int8_matmul (symmetric)": lambda i: int8_matmul(a_q, b_q, scale_a, scale_b),
         "torch._int_mm": lambda i: torch._int_mm(a_q, b_q),
-        "  row sums": lambda i: a_q.sum(dim=1, dtype=torch.int32),
         "  scale checks": lambda i: [int8_api._check_vector(n, v, len(v), a_q.device) for n, v in
                                      (("scale_a", scale_a), ("scale_b", scale_b),
                                       ("zero_b", zero_b))],
-        "  launch": lambda i: call.gemm(a_q, b_q, c, None, None, scale_a, scale_b, zero_b,
-                                        rowsum, None, None, 1, call.plan.num_ctas),
+        "  int8 launch": lambda i: call.gemm(a_q, b_q, c, None, None, scale_a, scale_b, zero_b,
+                                             None, None, 1, call.plan.num_ctas),
     }
-    return {name: host_us_per_call(fn) for name, fn in pieces.items()}
+    return pieces
 
 
 def main() -> None:
@@ -90,9 +106,15 @@ def main() -> None:
     scale_a, scale_b = (torch.rand(s, device="cuda", generator=gen) + 0.5 for s in (m, n))
     zero_b = torch.randn(n, device="cuda", generator=gen)
     with torch.no_grad():
-        rows = {**gemm_parts(a, b), **int8_parts(a_q, b_q, scale_a, scale_b, zero_b)}
-        for name, us in rows.items():
-            print(f"{name:32s} {us:7.1f} us", flush=True)
+        pieces = {**gemm_parts(a, b), **int8_parts(a_q, b_q, scale_a, scale_b, zero_b)}
+        rows = {}
+        for name, fn in pieces.items():
+            # Parts (indented) are host-side pieces; whole calls also get their device time.
+            rows[name] = {"host_us": host_us_per_call(fn)}
+            if not name.startswith(" "):
+                rows[name]["device_us"] = device_us_per_call(fn)
+            print(f"{name:32s} " + "  ".join(f"{k} {v:7.1f}" for k, v in rows[name].items()),
+                  flush=True)
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):
@@ -101,7 +123,7 @@ def main() -> None:
         torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
-    (args.out / "gemm_host.json").write_text(json.dumps({"shape": SHAPE, "host_us": rows},
+    (args.out / "gemm_host.json").write_text(json.dumps({"shape": SHAPE, "calls": rows},
                                                         indent=1))
     (args.out / "gemm_host_profile.txt").write_text(text.getvalue())
 

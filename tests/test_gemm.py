@@ -150,9 +150,12 @@ def test_kernels_cross_compile_without_spills(spec):
     store = "UTMAREDG" if spec.split == "atomic" else "UTMASTG"
     assert ops[store] >= 1, ops
     if int8:
-        # Each of a thread's 2 rows and block_n / 4 columns loads its scale and its zero-point
-        # term once (not once per element).
-        assert ops["LDG"] == 2 * (2 + spec.config.block_n // 4), ops
+        # Each of a thread's 2 rows loads its scale and each of its block_n / 4 columns its
+        # scale and zero point once (not once per element); the rows' sums come from A's
+        # tiles in shared memory: per stage and row, two 16-byte loads (a quarter of the
+        # row's 128 bytes) and eight dp4a, then two shuffles per row over its four lanes.
+        assert ops["LDG"] == 2 + 2 * (spec.config.block_n // 4), ops
+        assert ops["LDS"] == 2 * 2 * 2 and ops["IDP"] == 2 * 2 * 8 and ops["SHFL"] == 4, ops
     elif spec.split == "serial":
         # The partials leave and return as column pairs: one 8-byte access per pair.
         pairs = spec.config.block_n // 4

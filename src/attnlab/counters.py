@@ -17,8 +17,9 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
     """At least ``count`` zeroed int32 counters for launches on the current stream."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(),
-           torch.cuda.current_stream(dev).cuda_stream)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    # The raw handle: torch.cuda.current_stream builds a Stream object, microseconds a call.
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
     counters = _counters.get(key)
     if counters is None or counters.numel() < count:
         counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=dev)

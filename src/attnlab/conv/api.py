@@ -299,5 +299,5 @@ class _ImplicitConv:
             counters = tile_counters(x.device, self.counters)
         fused = None if bias is None or self.bias_after else bias.to(self.dtype)
         self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,
-                    None, None, fused, None, self.splits, self.num_ctas)
+                    None, fused, None, self.splits, self.num_ctas)
         return _with_bias(out, bias if self.bias_after else None)

@@ -25,9 +25,9 @@ _IN_DTYPES = (torch.float16, torch.bfloat16)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _calls: dict[tuple, _GemmCall] = {}
-#: The epilogue's arguments of a plain GEMM: no INT8 scales, zero points or row sums, no bias;
-#: and A dense (no 2:4 metadata).
-NO_EPILOGUE = (None, None, None, None, None, None)
+#: The epilogue's arguments of a plain GEMM: no INT8 scales or zero points, no bias; and A
+#: dense (no 2:4 metadata).
+NO_EPILOGUE = (None, None, None, None, None)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,

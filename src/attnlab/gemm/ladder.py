@@ -69,6 +69,6 @@ def ladder_matmul(a: torch.Tensor, b: torch.Tensor, config: MmaGemmConfig | Gemm
     dtype = str(a.dtype).removeprefix("torch.")
     spec = GemmSpec(config, device.info(a.device).arch, dtype, dtype, "k", "k")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    kernel_cache.get(spec).fn(a, b, c, None, None, None, None, None, None, None, None, 1,
+    kernel_cache.get(spec).fn(a, b, c, None, None, None, None, None, None, None, 1,
                               math.prod((m // config.block_m, n // config.block_n)))
     return c

@@ -66,7 +66,7 @@ def run_tiles(spec: GemmSpec, a: torch.Tensor, b_t: torch.Tensor, meta: torch.Te
     cfg = spec.config
     c = torch.empty((a.shape[0], b_t.shape[0]), dtype=getattr(torch, spec.out_dtype),
                     device=a.device)
-    kernel_cache.get(spec).fn(a, b_t.t(), c, None, None, None, None, None, None, None, meta, 1,
+    kernel_cache.get(spec).fn(a, b_t.t(), c, None, None, None, None, None, None, meta, 1,
                               math.prod(c.shape) // (cfg.block_m * cfg.block_n))
     return c[:m, :n] if c.shape != (m, n) else c
 

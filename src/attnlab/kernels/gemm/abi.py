@@ -140,8 +140,8 @@ class GemmArgs(NamedTuple):
             (``split="serial"``, else None).
         scale_a, scale_b: fp32 ``[M]`` and ``[N]``, INT8's per-row and per-column scales
             (else None).
-        zero_b: fp32 ``[N]``, B's per-column zero points; rowsum_a: int32 ``[M]``, the row
-            sums of A (``dequant="scale_zero"``, else None).
+        zero_b: fp32 ``[N]``, B's per-column zero points (``dequant="scale_zero"``, else
+            None; the kernel sums A's rows for them itself).
         bias: ``[N]`` in A's dtype (``bias=True``, else None).
         meta: int16 ``[M, K / 16]``, the 2:4 metadata of A (``sparse=True``, else None):
             per row, four 4-bit groups a word, each the two kept positions of one group of
@@ -158,7 +158,6 @@ class GemmArgs(NamedTuple):
     scale_a: Any
     scale_b: Any
     zero_b: Any
-    rowsum_a: Any
     bias: Any
     meta: Any
     num_splits: Any
@@ -232,7 +231,7 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
         _fake_matrix(spec.out_dtype, 1, batched=spec.split == "workspace"),
         _fake_matrix("float32", 1, batched=True) if serial else None,
         vector("int32", serial), vector("float32", scaled), vector("float32", scaled),
-        vector("float32", zeroed), vector("int32", zeroed), vector(spec.dtype, spec.bias),
+        vector("float32", zeroed), vector(spec.dtype, spec.bias),
         meta, cutlass.Int32(1), cutlass.Int32(1))
 
 

@@ -23,12 +23,12 @@ class GemmKernel:
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
                  workspace: cute.Tensor | None, counters: cute.Tensor | None,
                  scale_a: cute.Tensor | None, scale_b: cute.Tensor | None,
-                 zero_b: cute.Tensor | None, rowsum_a: cute.Tensor | None,
-                 bias: cute.Tensor | None, meta: cute.Tensor | None,
+                 zero_b: cute.Tensor | None, bias: cute.Tensor | None,
+                 meta: cute.Tensor | None,
                  num_splits: cutlass.Int32, num_ctas: cutlass.Int32, stream: cuda.CUstream):
         """Launch on the arguments of ``GemmArgs`` (and the stream)."""
-        self.launch(GemmArgs(a, b, c, workspace, counters, scale_a, scale_b, zero_b, rowsum_a,
-                             bias, meta, num_splits, num_ctas), stream)
+        self.launch(GemmArgs(a, b, c, workspace, counters, scale_a, scale_b, zero_b, bias,
+                             meta, num_splits, num_ctas), stream)
 
     def launch(self, t: GemmArgs, stream: cuda.CUstream):
         """Build the kernel's layouts and launch it (traced inside ``__call__``)."""

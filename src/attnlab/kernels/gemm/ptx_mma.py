@@ -1,6 +1,6 @@
 """Tensor-core instructions CuTe DSL 4.8.1 has no warp-level atom for, as inline PTX on the
-fragments of the dense m16n8k16 tiled MMA (``kernels/gemm/sm80.py``), and the rounding and
-packing the online INT8 quantization needs.
+fragments of the dense m16n8k16 tiled MMA (``kernels/gemm/sm80.py``), the rounding and
+packing the online INT8 quantization needs, and the byte sums of INT8's zero-point term.
 
 Both MMAs take operands whose thread layout is the dense 16-bit one: ``mma.sp`` m16n8k32's
 compressed A is the dense A fragment of the kept halves and its B two dense k16 B fragments;
@@ -54,3 +54,11 @@ def quantize_s8x4(x: list, inverse) -> cutlass.Int32:
         "fma.rn.f32 t2, $3, $5, 0f4B400000; fma.rn.f32 t3, $4, $5, 0f4B400000;\n"
         "prmt.b32 p0, t0, t1, 0x0040; prmt.b32 p1, t2, t3, 0x0040;\n"
         "prmt.b32 $0, p0, p1, 0x5410; }", "=r,f,f,f,f,f"))
+
+
+def add_s8x4(word, total) -> cutlass.Int32:
+    """``total`` plus the four signed bytes of ``word`` (``dp4a`` against 0x01010101: one
+    instruction where unpacking takes eight)."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [cutlass.Int32(word).ir_value(), cutlass.Int32(total).ir_value()],
+        "dp4a.s32.s32 $0, $1, 0x01010101, $2;", "=r,r,r"))

@@ -45,6 +45,7 @@ from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
 from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
 from attnlab.kernels.gemm.base import GemmKernel
+from attnlab.kernels.gemm.ptx_mma import add_s8x4
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
@@ -108,7 +109,7 @@ class HgemmSm90(GemmKernel):
             "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]})
         m_tiles = cute.ceil_div(m_rows, bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
-        epilogue = (t.scale_a, t.scale_b, t.zero_b, t.rowsum_a, t.bias)
+        epilogue = (t.scale_a, t.scale_b, t.zero_b, t.bias)
         self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, mma, mma_wg,
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
                     t.num_splits).launch(
@@ -216,7 +217,7 @@ class HgemmSm90(GemmKernel):
                  serial: tuple, epilogue: tuple):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
         (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
-        ``epilogue``: INT8's scales, zero points and A's row sums, and the bias)."""
+        ``epilogue``: INT8's scales and zero points, and the bias)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -227,6 +228,12 @@ class HgemmSm90(GemmKernel):
         tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(mma.get_slice(ctidx).partition_shape_C((bm, bn)),
                                     self.acc_dtype)
+        coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
+        # INT8 with zero points: the row sums of A this thread's accumulator rows need.
+        row_sums = None
+        if cutlass.const_expr(self.spec.dequant == "scale_zero"):
+            row_sums = cute.make_rmem_tensor((cute.size(acc_mn_view(coords), mode=[0]),),
+                                             cutlass.Int32)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -234,52 +241,84 @@ class HgemmSm90(GemmKernel):
             m, n, split = tile_coords(item, m_tiles, n_tiles, self.cfg.raster_group)
             k0, k1 = self._k_range(split, per_split, k_tiles)
             acc.fill(0)
+            if cutlass.const_expr(row_sums is not None):
+                row_sums.fill(0)
             # The first K tile (every slice has one), then one stage's MMAs in flight while
             # the next stage is awaited.
-            state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+            state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB, sA, coords, row_sums)
             for _ in cutlass.range(k0 + 1, k1, unroll=1):
-                state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB)
+                state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB, sA, coords,
+                                        row_sums)
                 warpgroup.wait_group(1)
                 ring.consumer_release(release)
                 release.advance()
             warpgroup.wait_group(0)
             ring.consumer_release(release)
             release.advance()
-            coords = mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((bm, bn)))
+            if cutlass.const_expr(row_sums is not None):
+                # The four lanes of a row each summed a quarter of its bytes.
+                for r in cutlass.range_constexpr(cute.size(row_sums)):
+                    for offset in (1, 2):
+                        row_sums[r] = row_sums[r] + cute.arch.shuffle_sync_bfly(
+                            row_sums[r], offset=offset)
             if cutlass.const_expr(self.spec.split == "serial"):
                 if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
                                   walk):
-                    self._epilogue(self._finish(acc, coords, epilogue, m, n), sC, tma_c,
+                    self._epilogue(self._finish(acc, coords, epilogue, row_sums, m, n),
+                                   sC, tma_c,
                                    mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
             else:
-                self._epilogue(self._finish(acc, coords, epilogue, m, n), sC, tma_c, mma_wg,
-                               ctidx % WARPGROUP, wg, m, n, split)
+                self._epilogue(self._finish(acc, coords, epilogue, row_sums, m, n), sC, tma_c,
+                               mma_wg, ctidx % WARPGROUP, wg, m, n, split)
         if ctidx % WARPGROUP < 32:
             # Shared memory must outlive the last store's reads of it.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _mma_stage(self, ring, state, mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-                   tCrB: cute.Tensor):
-        """Wait for ``state``'s stage, issue its MMAs (not waited for); returns the advanced
-        state (a jit function's changes to its arguments do not reach a caller's loop)."""
+                   tCrB: cute.Tensor, sA: cute.Tensor, coords: cute.Tensor, row_sums):
+        """Wait for ``state``'s stage, issue its MMAs (not waited for), and while they run
+        add the stage's A bytes into ``row_sums`` (if not None); returns the advanced state
+        (a jit function's changes to its arguments do not reach a caller's loop)."""
         ring.consumer_wait(state)
         stage = uniform_stage(state)
         wgmma_gemm(mma, acc, tCrA[None, None, None, stage], tCrB[None, None, None, stage],
                    zero_init=False, wait=False)
+        if cutlass.const_expr(row_sums is not None):
+            self._add_row_bytes(sA[None, None, stage], coords, row_sums)
         state.advance()
         return state
 
     @cute.jit
-    def _finish(self, acc: cute.Tensor, coords: cute.Tensor, epilogue: tuple, m, n
+    def _add_row_bytes(self, sA: cute.Tensor, coords: cute.Tensor, row_sums: cute.Tensor):
+        """Add the int8 values of one K tile's rows of A (``sA``, rows x ``block_k`` bytes)
+        that this thread's accumulator holds into ``row_sums``: the four lanes that share a
+        row take a quarter of its bytes each, 16 at a time (one shared-memory vector, four
+        ``dp4a``)."""
+        chunks = self.cfg.block_k // (4 * 16)
+        quarter = cute.arch.lane_idx() % 4
+        coords_mn = acc_mn_view(coords)
+        values = cute.make_rmem_tensor((16,), self.dtype)
+        words = cute.recast_tensor(values, cutlass.Int32)
+        for r in cutlass.range_constexpr(cute.size(row_sums)):
+            row = coords_mn[r, 0][0]
+            for h in cutlass.range_constexpr(chunks):
+                cute.autovec_copy(cute.local_tile(sA[row, None], (16,),
+                                                  (quarter * chunks + h,)), values)
+                for w in cutlass.range_constexpr(4):
+                    row_sums[r] = add_s8x4(words[w], row_sums[r])
+
+    @cute.jit
+    def _finish(self, acc: cute.Tensor, coords: cute.Tensor, epilogue: tuple, row_sums, m, n
                 ) -> cute.Tensor:
-        """A tile's sums as C takes them: dequantized (INT8), with the bias added."""
+        """A tile's sums as C takes them: dequantized (INT8; ``row_sums``: A's row sums
+        for the zero points), with the bias added."""
         out = acc
         if cutlass.const_expr(self.spec.dequant != "none"):
-            out = self._dequantize(acc, coords, epilogue, m, n)
+            out = self._dequantize(acc, coords, epilogue, row_sums, m, n)
         if cutlass.const_expr(self.spec.bias):
             # fp32 here: the HGEMM's accumulator, or INT8's dequantized tile.
-            out = self._add_bias(out, coords, epilogue[4], n)
+            out = self._add_bias(out, coords, epilogue[3], n)
         return out
 
     @cute.jit
@@ -301,14 +340,15 @@ class HgemmSm90(GemmKernel):
         return acc
 
     @cute.jit
-    def _dequantize(self, acc: cute.Tensor, coords: cute.Tensor, dequant: tuple, m, n
-                    ) -> cute.Tensor:
-        """INT8's epilogue math: ``scale_a[i] * scale_b[j] * (acc - zero_b[j] * rowsum_a[i])``
-        (the zero-point term with ``dequant="scale_zero"``), in fp32. A thread's accumulator
+    def _dequantize(self, acc: cute.Tensor, coords: cute.Tensor, dequant: tuple, row_sums,
+                    m, n) -> cute.Tensor:
+        """INT8's epilogue math: ``scale_a[i] * scale_b[j] * (acc - zero_b[j] * sum_k
+        a_q[i, k])`` (the zero-point term with ``dequant="scale_zero"``, its row sums
+        ``row_sums`` summed from A's tiles in shared memory), in fp32. A thread's accumulator
         spans two rows and ``block_n / 4`` columns, so each row's and each column's factors
         are loaded once (``acc_mn_view``); rows and columns past M and N read none (their
         values are clipped by the store)."""
-        scale_a, scale_b, zero_b, rowsum_a, _ = dequant
+        scale_a, scale_b, zero_b, _ = dequant
         bm, bn, _ = self.tile
         first_row, first_col = m * bm, n * bn
         rows_left = scale_a.shape[0] - first_row
@@ -326,7 +366,7 @@ class HgemmSm90(GemmKernel):
             if row < rows_left:
                 row_scale[r] = scale_a[first_row + row]
                 if cutlass.const_expr(self.spec.dequant == "scale_zero"):
-                    row_sum[r] = cutlass.Float32(rowsum_a[first_row + row])
+                    row_sum[r] = cutlass.Float32(row_sums[r])
         for c in cutlass.range_constexpr(cute.size(out_mn, mode=[1])):
             col = coords_mn[0, c][1]
             col_scale = cutlass.Float32(0.0)
