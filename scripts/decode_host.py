@@ -5,10 +5,10 @@ Usage (GPU): python scripts/decode_host.py [--out DIR]
 For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1, hd128 bf16: host microseconds per call
 (``bench.timing.host_us_per_call``: calls enqueued without waiting) of
 ``attention_with_kvcache`` whole, of SDPA flash on the same tensors (the FA2 peer), and of
-the call's parts in isolation: the signature lookup, the output and partial-buffer
-allocations, and each kernel launch (decode, combine) on preallocated buffers; then the
-cProfile of 2,000 whole calls (top 12 by own time). Prints a table, writes
-OUT/decode_host.json and OUT/decode_host_profile.txt.
+the call's parts in isolation: the signature lookup, the output's allocation, the
+per-stream scratch (partials and an unread LSE) lookup, and each kernel launch (decode,
+combine) on preallocated buffers; then the cProfile of 2,000 whole calls (top 12 by own
+time). Prints a table, writes OUT/decode_host.json and OUT/decode_host_profile.txt.
 """
 
 from __future__ import annotations
@@ -50,9 +50,8 @@ def parts(q, k, v, seqlens) -> dict[str, float]:
         "signature lookup": lambda i: decode._lookup(lambda: (
             decode._meta(q), decode._meta(k), decode._meta(v), None, None,
             decode._meta(seqlens), None, None, None, (None, False, (-1, -1), 0))),
-        "allocations": lambda i: (torch.empty_like(q, memory_format=torch.contiguous_format),
-                                  torch.empty_like(lse), torch.empty_like(partial_out),
-                                  torch.empty_like(partial_lse)),
+        "output allocation": lambda i: torch.empty_like(q, memory_format=torch.contiguous_format),
+        "scratch lookup": lambda i: call.scratch(q),
         "decode launch": lambda i: call.decode(q, k, v, seqlens, None, None, partial_out,
                                                partial_lse, call.scale, call.left, call.right,
                                                call.splits),

@@ -159,7 +159,7 @@ def attention_with_kvcache(
             check_kvcache_values(seqlens, k_cache, block_table,
                                  k.shape[1] if k is not None else 0, call.capacity)
     out, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                    out)
+                    out, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -247,6 +247,7 @@ class _DecodeCall:
         self.decode = kernel_cache.get(spec).fn
         self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
                         if self.splits > 1 else None)
+        self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def seqlens(self, cache_seqlens: torch.Tensor | int | None, q: torch.Tensor,
                 k: torch.Tensor | None) -> torch.Tensor:
@@ -256,26 +257,41 @@ class _DecodeCall:
         filled = self.capacity - self.new_tokens if cache_seqlens is None else cache_seqlens
         return torch.full((q.shape[0],), filled, dtype=torch.int32, device=q.device)
 
+    def scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The split partials (O and LSE) and an LSE nobody reads, for launches on the
+        current stream, allocated once per stream: a stream runs its launches in order, so a
+        later call's writes come after this call's combine has read them, and the 2-3 tensor
+        allocations a call would make (~5 us of host time) are gone."""
+        stream = torch._C._cuda_getCurrentRawStream(q.device.index)
+        buffers = self._scratch.get(stream)
+        if buffers is None:
+            batch, seqlen_q, heads_q, head_dim = q.shape
+            splits = self.splits if self.combine is not None else 0
+            buffers = tuple(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
+                (splits * batch, seqlen_q, heads_q, head_dim), (splits * batch, heads_q, seqlen_q),
+                (batch, heads_q, seqlen_q)))
+            self._scratch[stream] = buffers
+        return buffers
+
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                 out) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, seqlen_q, heads_q, head_dim = q.shape
+                 out, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, seqlen_q, heads_q, _ = q.shape
         seqlens = self.seqlens(cache_seqlens, q, k)
         if k is not None:
             _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
             seqlens = seqlens + k.shape[1]
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
         if not out.numel():
-            return out, lse
+            return out, torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32,
+                                    device=q.device)
+        partial_out, partial_lse, lse = self.scratch(q)
+        if return_lse:
+            lse = torch.empty_like(lse)
         if self.combine is None:
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
                         self.scale, self.left, self.right, 1)
             return out, lse
-        partial_out = torch.empty((self.splits * batch, seqlen_q, heads_q, head_dim),
-                                  dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty((self.splits * batch, heads_q, seqlen_q),
-                                  dtype=torch.float32, device=q.device)
         self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
                     partial_lse, self.scale, self.left, self.right, self.splits)
         self.combine(partial_out, partial_lse, out, lse, self.splits)
