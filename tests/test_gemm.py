@@ -138,6 +138,8 @@ def _sass_counts(spec) -> tuple[str, collections.Counter]:
              "serial"),
     GemmSpec(GemmConfig(block_k=128), "sm_90a", "int8", "bfloat16", "k", "k", "none",
              "scale_zero"),
+    GemmSpec(GemmConfig(block_n=128, block_k=32), "sm_90a", "int8", "float16", "k", "k",
+             "none", "scale_zero"),
 ], ids=lambda s: s.label + s.variant())
 def test_kernels_cross_compile_without_spills(spec):
     usage, ops = _sass_counts(spec)
@@ -152,10 +154,13 @@ def test_kernels_cross_compile_without_spills(spec):
     if int8:
         # Each of a thread's 2 rows loads its scale and each of its block_n / 4 columns its
         # scale and zero point once (not once per element); the rows' sums come from A's
-        # tiles in shared memory: per stage and row, two 16-byte loads (a quarter of the
-        # row's 128 bytes) and eight dp4a, then two shuffles per row over its four lanes.
+        # tiles in shared memory: per stage and row, a quarter of the row's bytes in 16-byte
+        # loads (one 8-byte load at block_k 32) and a dp4a per 4 bytes, then two shuffles
+        # per row over its four lanes (all at the loop's two issue points).
+        quarter = spec.config.block_k // 4
         assert ops["LDG"] == 2 + 2 * (spec.config.block_n // 4), ops
-        assert ops["LDS"] == 2 * 2 * 2 and ops["IDP"] == 2 * 2 * 8 and ops["SHFL"] == 4, ops
+        assert ops["LDS"] == 2 * 2 * max(1, quarter // 16), ops
+        assert ops["IDP"] == 2 * 2 * quarter // 4 and ops["SHFL"] == 4, ops
     elif spec.split == "serial":
         # The partials leave and return as column pairs: one 8-byte access per pair.
         pairs = spec.config.block_n // 4

@@ -146,6 +146,27 @@ def test_int8_matmul_dequantizes_in_the_epilogue(shape, out_dtype, zero_points):
     assert err < TOLERANCE[out_dtype], f"{shape}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("block_k", [32, 64, 128])
+def test_int8_zero_points_sum_a_at_every_k_step(block_k):
+    """The kernel sums A's rows for the zero points from the K tiles it multiplies: a quarter
+    of a row's bytes per lane (8 bytes at ``block_k`` 32, 16 or 32 above), K off the tile,
+    rows off the tile; A biased positive so a missed quarter moves the result by far more
+    than the tolerance."""
+    from attnlab.bench.gemm import int8_operands
+    from attnlab.gemm import GemmConfig, int8_matmul
+
+    m, n, k = 333, 264, 1000
+    gen = torch.Generator(device="cuda").manual_seed(block_k)
+    a_q, b_q, scale_a, scale_b, zero_b = int8_operands(m, n, k, gen)
+    a_q = (a_q.abs() // 2).to(torch.int8)
+    poison_allocator(3 * m * n * 8)
+    out = int8_matmul(a_q, b_q, scale_a, scale_b, zero_b=zero_b, out_dtype=torch.float32,
+                      config=GemmConfig(block_m=128, block_n=128, block_k=block_k))
+    ref = int8_reference(a_q, b_q, scale_a, scale_b, zero_b)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and err < TOLERANCE[torch.float32], err
+
+
 def test_int8_matmul_refuses_what_it_cannot_read():
     from attnlab.bench.gemm import int8_operands
     from attnlab.gemm import int8_matmul

@@ -293,19 +293,21 @@ class HgemmSm90(GemmKernel):
     def _add_row_bytes(self, sA: cute.Tensor, coords: cute.Tensor, row_sums: cute.Tensor):
         """Add the int8 values of one K tile's rows of A (``sA``, rows x ``block_k`` bytes)
         that this thread's accumulator holds into ``row_sums``: the four lanes that share a
-        row take a quarter of its bytes each, 16 at a time (one shared-memory vector, four
-        ``dp4a``)."""
-        chunks = self.cfg.block_k // (4 * 16)
+        row take a quarter of its bytes each (8 at ``block_k`` 32), up to 16 at a time (one
+        shared-memory vector, then a ``dp4a`` per 4 bytes)."""
+        per_lane = self.cfg.block_k // 4
+        width = min(16, per_lane)
+        chunks = per_lane // width
         quarter = cute.arch.lane_idx() % 4
         coords_mn = acc_mn_view(coords)
-        values = cute.make_rmem_tensor((16,), self.dtype)
+        values = cute.make_rmem_tensor((width,), self.dtype)
         words = cute.recast_tensor(values, cutlass.Int32)
         for r in cutlass.range_constexpr(cute.size(row_sums)):
             row = coords_mn[r, 0][0]
             for h in cutlass.range_constexpr(chunks):
-                cute.autovec_copy(cute.local_tile(sA[row, None], (16,),
+                cute.autovec_copy(cute.local_tile(sA[row, None], (width,),
                                                   (quarter * chunks + h,)), values)
-                for w in cutlass.range_constexpr(4):
+                for w in cutlass.range_constexpr(width // 4):
                     row_sums[r] = add_s8x4(words[w], row_sums[r])
 
     @cute.jit
