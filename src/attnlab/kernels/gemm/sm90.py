@@ -265,8 +265,7 @@ class HgemmSm90(GemmKernel):
                 if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
                                   walk):
                     self._epilogue(self._finish(acc, coords, epilogue, row_sums, m, n),
-                                   sC, tma_c,
-                                   mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
+                                   sC, tma_c, mma_wg, ctidx % WARPGROUP, wg, m, n, 0)
             else:
                 self._epilogue(self._finish(acc, coords, epilogue, row_sums, m, n), sC, tma_c,
                                mma_wg, ctidx % WARPGROUP, wg, m, n, split)
