@@ -435,3 +435,21 @@ def test_training_impl_times_a_backward_with_fresh_or_kept_graphs():
         broken(*sets[0], 0.3, False)
     with pytest.raises(ValueError, match="times a backward"):
         training_impl(_reference_attention([]), "forward")
+
+
+def test_decode_points_too_large_for_the_gpu_are_skipped_with_their_sizes():
+    """B = 64 x 128k GQA (34 GB of K and V, twice with the paged copy) cannot be built on an
+    80 GB GPU: the bench says so for that point instead of dying in an allocation; a point
+    that fits passes."""
+    from attnlab.bench.decode import decode_points, inputs_too_large, kv_bytes, set_count
+
+    l2 = 50 * 2**20
+    big, small = decode_points([64, 1], [131072], [(32, 8)])
+    assert kv_bytes(big) == 2 * 64 * 131072 * 8 * 128 * 2 and set_count(big, l2) == 1
+    reason = inputs_too_large(big, l2, 78 * 2**30)
+    assert reason is not None and "80.0 GiB" in reason and "78.0 GiB are free" in reason
+    assert inputs_too_large(small, l2, 78 * 2**30) is None
+    # Small points take several sets (together past L2) and are sized for all of them.
+    tiny = decode_points([1], [4096], [(8, 1)])[0]
+    assert set_count(tiny, l2) > 1
+    assert inputs_too_large(tiny, l2, set_count(tiny, l2) * kv_bytes(tiny)) is not None

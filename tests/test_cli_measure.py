@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -66,3 +68,42 @@ def test_tune_show_and_clear(tmp_path, monkeypatch):
     cleared = runner.invoke(app, ["tune", "--clear"])
     assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
     assert "empty" in runner.invoke(app, ["tune", "--show"]).output
+
+
+def test_bench_decode_reports_a_skipped_point_once_and_the_rest(tmp_path, monkeypatch):
+    """The decode report on stand-in results: a point whose inputs did not fit shows as
+    dashes and one line with the reason; a measured point shows GB/s, the roof share and the
+    ratio to FA2; both reach the JSON."""
+    from attnlab import device
+    from attnlab.bench import baselines, ceilings
+    from attnlab.bench import decode as decode_bench
+    from attnlab.bench.runner import Result
+    from attnlab.bench.timing import summarize
+    from attnlab.cli import measure
+
+    def fake_measure(points, peers, l2_bytes, runs, on_point):
+        results = []
+        for point in points:
+            names = ["attnlab", "attnlab_paged", *peers]
+            if point.batch == 64:
+                results += [Result(point, name, None, error="skipped: too large")
+                            for name in names]
+            else:
+                ms = decode_bench.kv_bytes(point) / 1e9  # the milliseconds of 1,000 GB/s
+                results += [Result(point, name, summarize([ms]), device_timing=summarize([ms]))
+                            for name in names]
+            on_point(point)
+        return results
+
+    monkeypatch.setattr(measure, "require_gpu", lambda: None)
+    monkeypatch.setattr(baselines, "available_peers", lambda: {"sdpa_flash": None})
+    monkeypatch.setattr(ceilings, "dram_read_rate", lambda: 2000e9)
+    monkeypatch.setattr(decode_bench, "measure_decode", fake_measure)
+    monkeypatch.setattr(device, "info", lambda dev: type("Info", (), {"l2_bytes": 1})())
+    result = runner.invoke(app, ["bench", "--decode", "--batches", "1,64", "--cache-lens", "4096",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("skipped: too large") == 2  # one line per skipped point
+    assert "1000 (1000) 50% 1.00x" in result.output
+    saved = json.loads((tmp_path / "decode.json").read_text())["results"]
+    assert {r["error"] for r in saved} == {None, "skipped: too large"}

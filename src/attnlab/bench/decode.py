@@ -41,9 +41,8 @@ def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0) -> list
     L2 together (at least one)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = point.torch_dtype
-    count = max(1, min(MAX_SETS, math.ceil(3 * l2_bytes / max(kv_bytes(point), 1))))
     sets = []
-    for _ in range(count):
+    for _ in range(set_count(point, l2_bytes)):
         q = torch.randn(point.batch, point.seqlen_q, point.heads, point.head_dim,
                         device="cuda", dtype=dt, generator=gen)
         k, v = (torch.randn(point.batch, point.seqlen_k, point.kv_heads, point.head_dim,
@@ -84,13 +83,37 @@ def decode_impls(peers: dict[str, Callable]) -> dict[str, Callable]:
     return impls
 
 
+def set_count(point: Point, l2_bytes: int) -> int:
+    """How many input sets ``decode_sets`` builds for ``point``."""
+    return max(1, min(MAX_SETS, math.ceil(3 * l2_bytes / max(kv_bytes(point), 1))))
+
+
+def inputs_too_large(point: Point, l2_bytes: int, free_bytes: int) -> str | None:
+    """Why ``point``'s inputs cannot be built in ``free_bytes`` of GPU memory, or None. Each
+    set holds K and V twice (contiguous and paged) and, while a paged copy is made, one padded
+    temporary of K's size: 2.5x ``kv_bytes`` a set (the queries are negligible)."""
+    need = set_count(point, l2_bytes) * 5 * kv_bytes(point) // 2
+    if need <= free_bytes:
+        return None
+    return (f"skipped: its {set_count(point, l2_bytes)} input set(s) need about "
+            f"{need / 2**30:.1f} GiB of GPU memory, {free_bytes / 2**30:.1f} GiB are free")
+
+
 def measure_decode(points: list[Point], peers: dict[str, Callable], l2_bytes: int, *,
                    runs: int = 30, on_point: Callable[[Point], None] | None = None
                    ) -> list[Result]:
-    """Every implementation at every point (one point's inputs alive at a time)."""
+    """Every implementation at every point (one point's inputs alive at a time); a point
+    whose inputs do not fit in the free GPU memory is reported as skipped, with the sizes,
+    and the others still run."""
     results: list[Result] = []
     impls = decode_impls(peers)
     for point in points:
+        reason = inputs_too_large(point, l2_bytes, torch.cuda.mem_get_info()[0])
+        if reason is not None:
+            results += [Result(point, name, None, error=reason) for name in impls]
+            if on_point is not None:
+                on_point(point)
+            continue
         sets = decode_sets(point, l2_bytes, paged=True)
         results += measure_point(point, impls, runs=runs, sets=sets)
         del sets

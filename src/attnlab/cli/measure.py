@@ -239,6 +239,13 @@ def _bench_decode(batches: list[int], cache_lens: list[int], impls: str | None, 
         rows += [{**r.to_dict(), "gbs": bandwidth_gbs(r),
                   "device_gbs": bandwidth_gbs(r, device=True)} for r in mine.values()]
     console.print(table)
+    for point in dict.fromkeys(r.point for r in results if r.error):
+        errors = {r.impl: r.error for r in results if r.point == point and r.error}
+        # A point skipped as a whole (its inputs do not fit) says why once.
+        whole = len(errors) == len(names) and len(set(errors.values())) == 1
+        console.print(f"B={point.batch} L={point.seqlen_k} {point.heads}/{point.kv_heads}: "
+                      + (next(iter(errors.values())) if whole else
+                         "; ".join(f"{name}: {error}" for name, error in errors.items())))
     path = out / "decode.json"
     path.write_text(json.dumps({"dram_read_gbs": roof, "results": rows}, indent=1))
     console.print(f"wrote {path}")
