@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.device import stream_handle
+
 _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
     """At least ``count`` zeroed int32 counters for launches on the current stream."""
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    # The raw handle: torch.cuda.current_stream builds a Stream object, microseconds a call.
-    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    key = (index, stream_handle(index))
     counters = _counters.get(key)
     if counters is None or counters.numel() < count:
         counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=dev)

@@ -262,7 +262,7 @@ class _DecodeCall:
         current stream, allocated once per stream: a stream runs its launches in order, so a
         later call's writes come after this call's combine has read them, and the 2-3 tensor
         allocations a call would make (~5 us of host time) are gone."""
-        stream = torch._C._cuda_getCurrentRawStream(q.device.index)
+        stream = device.stream_handle(q.device)
         buffers = self._scratch.get(stream)
         if buffers is None:
             batch, seqlen_q, heads_q, head_dim = q.shape

@@ -36,6 +36,13 @@ def _index(device: torch.device | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def stream_handle(device: torch.device | int | None = None) -> int:
+    """The raw handle of the device's current stream: what per-stream state (counters,
+    scratch buffers) is keyed by. ``torch.cuda.current_stream`` builds a ``Stream`` object
+    for it, tens of microseconds a call; this reads the handle alone."""
+    return torch._C._cuda_getCurrentRawStream(_index(device))
+
+
 def info(device: torch.device | int | None = None) -> DeviceInfo:
     """The :class:`DeviceInfo` of a CUDA device (default: the current one)."""
     return _info(_index(device))
