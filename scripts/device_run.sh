@@ -36,6 +36,8 @@
 #            and attnlab ladder --family conv
 #   study    the lab's studies: the cymatic memory layout at 2048^2 and 8192^2, modes (6, 4) and
 #            (5, 4), with its GPU test
+#   sweep [GRID] the cymatic study's (n, m) sweep (Observation II's 54 modes) at GRID^2 (default
+#            6144: 151 MB of fp32, 3x an H100's L2), saving after every mode
 #   frontends  the front-end comparison (CuTe DSL, nvcc, Triton): its GPU tests, the timed
 #            study, and the lab's IMMA and HMMA stall edits on nvcc's WMMA tiles (A/B, 60 runs)
 #   explain  attnlab profile (ncu) and roofline
@@ -145,6 +147,9 @@ case $mode in
       | tee -a "$log" | tail -5
     attnlab study cymatic --grids 2048,8192 --modes 6x4,5x4 --out "$OUT/cymatic"
     ;;
+  sweep)
+    attnlab study cymatic --grids "${2:-6144}" --sweep --runs 7 --out "$OUT/cymatic-sweep"
+    ;;
   frontends)
     python3 -m pytest -q -p no:cacheprovider tests/test_study_frontends.py \
       tests/test_analysis_cubin_patch.py -m gpu 2>&1 | tee -a "$log" | tail -5
@@ -161,5 +166,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac

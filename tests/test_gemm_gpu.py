@@ -155,7 +155,7 @@ def test_int8_zero_points_sum_a_at_every_k_step(block_k):
     from attnlab.bench.gemm import int8_operands
     from attnlab.gemm import GemmConfig, int8_matmul
 
-    m, n, k = 333, 264, 1000
+    m, n, k = 333, 264, 1008  # K: a multiple of 16 bytes, a tail at every K step
     gen = torch.Generator(device="cuda").manual_seed(block_k)
     a_q, b_q, scale_a, scale_b, zero_b = int8_operands(m, n, k, gen)
     a_q = (a_q.abs() // 2).to(torch.int8)

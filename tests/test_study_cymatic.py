@@ -134,3 +134,30 @@ def test_a_resumed_sweep_measures_only_the_modes_its_file_lacks(monkeypatch, tmp
 
     saved = json.loads((tmp_path / "cymatic.json").read_text())
     assert len(saved) == 3 * 15
+
+
+def test_a_sweep_plots_the_default_and_the_best_mode(monkeypatch, tmp_path):
+    """After ``--sweep`` the bar chart shows the seed's default (6, 4) and the best universal
+    mode, not 54 series; the heatmap gets every mode (the GPU part stubbed)."""
+    from typer.testing import CliRunner
+
+    import attnlab.cli.study as study
+    from attnlab.cli import app
+
+    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None):
+        return [{"grid": grid, "mode": [n, m], "trace": f"t{i}", "accesses": 1, "row_ms": 1.0,
+                 "cymatic_ms": 1.0, "speedup": 2.0 if (n, m) == (3, 2) else 1.0}
+                for n, m in modes for i in range(15)]
+
+    plotted = {}
+    monkeypatch.setattr(study, "require_gpu", lambda: None)
+    monkeypatch.setattr(cymatic, "measure", fake_measure)
+    monkeypatch.setattr(cymatic, "plot", lambda rows, grid, mode, path: plotted.update(
+        modes={tuple(r["mode"]) for r in rows}, mode=mode) or path)
+    monkeypatch.setattr(cymatic, "plot_sweep", lambda rows, grid, path: plotted.update(
+        sweep=len(rows)) or path)
+    result = CliRunner().invoke(app, ["study", "cymatic", "--grids", "64", "--sweep", "--out",
+                                      str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "best mode over all traces 3x2: geomean 2.000x" in result.output
+    assert plotted == {"sweep": 54 * 15, "modes": {(6, 4), (3, 2)}, "mode": (6, 4)}

@@ -78,15 +78,21 @@ def cymatic_command(
                               if r["trace"] == name and (r["grid"], tuple(r["mode"])) == c])
     if not sweep:
         console.print(table)
+    shown = {cymatic.DEFAULT_MODE} if sweep else set(mode_list)
     for grid in grid_sizes:
         summary = cymatic.sweep_summary(rows, grid)
-        console.print(f"{grid}^2: best mode over all traces {summary['best_universal']} "
-                      f"(geomean, worst trace) {summary['geomean'][summary['best_universal']]}")
+        best = summary["best_universal"]
+        geomean, worst = summary["geomean"][best]
+        console.print(f"{grid}^2: best mode over all traces {best}: geomean {geomean:.3f}x, "
+                      f"worst trace {worst:.3f}x")
         if sweep:
             heatmap = cymatic.plot_sweep(rows, grid, out / f"cymatic_sweep_{grid}.png")
             console.print(f"wrote {heatmap}")
+            shown.add(tuple(int(x) for x in best.split("x")))
     saved.write_text(json.dumps(rows, indent=1))
-    png = cymatic.plot(rows, 512, mode_list[0], out / "cymatic.png")
+    # A sweep's bars: the seed's default mode and each grid's best one (54 series are unreadable).
+    png = cymatic.plot([r for r in rows if tuple(r["mode"]) in shown], 512,
+                       cymatic.DEFAULT_MODE if sweep else mode_list[0], out / "cymatic.png")
     console.print(f"wrote {out / 'cymatic.json'} and {png}")
 
 

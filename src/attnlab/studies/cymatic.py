@@ -23,6 +23,8 @@ import numpy as np
 
 #: Quadrature points of J_n's integral (accurate to ~1e-12 for the arguments used here).
 _QUADRATURE = 2048
+#: The seed's default mode (n, m).
+DEFAULT_MODE = (6, 4)
 #: Observation II's sweep: n in 2..10, m in 1..6 (54 modes).
 SWEEP_MODES: tuple[tuple[int, int], ...] = tuple((n, m) for n in range(2, 11)
                                                  for m in range(1, 7))
