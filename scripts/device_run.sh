@@ -38,6 +38,8 @@
 #            (5, 4), with its GPU test
 #   sweep [GRID] the cymatic study's (n, m) sweep (Observation II's 54 modes) at GRID^2 (default
 #            6144: 151 MB of fp32, 3x an H100's L2), saving after every mode
+#   fastudy  Observation JJ: the FlashAttention block traces with the seed's 15 traces at 6144^2,
+#            over the seed's coarse sweep (n in 3,5,6,7,9 x m in 2,4,6), with the GPU test
 #   frontends  the front-end comparison (CuTe DSL, nvcc, Triton): its GPU tests, the timed
 #            study, and the lab's IMMA and HMMA stall edits on nvcc's WMMA tiles (A/B, 60 runs)
 #   explain  attnlab profile (ncu) and roofline
@@ -150,6 +152,12 @@ case $mode in
   sweep)
     attnlab study cymatic --grids "${2:-6144}" --sweep --runs 7 --out "$OUT/cymatic-sweep"
     ;;
+  fastudy)
+    python3 -m pytest -q -p no:cacheprovider tests/test_cli_gpu.py -k cymatic 2>&1 \
+      | tee -a "$log" | tail -3
+    modes=$(for n in 3 5 6 7 9; do for m in 2 4 6; do printf '%sx%s,' $n $m; done; done)
+    attnlab study cymatic --grids 6144 --fa --modes "${modes%,}" --runs 7 --out "$OUT/cymatic-fa"
+    ;;
   frontends)
     python3 -m pytest -q -p no:cacheprovider tests/test_study_frontends.py \
       tests/test_analysis_cubin_patch.py -m gpu 2>&1 | tee -a "$log" | tail -5
@@ -166,5 +174,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac

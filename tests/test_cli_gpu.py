@@ -91,10 +91,10 @@ def test_study_cymatic_times_both_layouts(tmp_path):
     from attnlab.studies import cymatic
 
     result = CliRunner().invoke(app, ["study", "cymatic", "--grids", "256", "--modes", "6x4",
-                                      "--runs", "3", "--out", str(tmp_path)])
+                                      "--runs", "3", "--fa", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "cymatic.json").read_text())
-    assert len(rows) == 15 and all(r["row_ms"] > 0 and r["cymatic_ms"] > 0 for r in rows)
+    assert len(rows) == 15 + 3 and all(r["row_ms"] > 0 and r["cymatic_ms"] > 0 for r in rows)
     assert (tmp_path / "cymatic.png").stat().st_size > 0
     gather = compile_gather(device.info(torch.device("cuda")).arch)
     data = torch.randn(51468, device="cuda")

@@ -112,7 +112,7 @@ def test_a_resumed_sweep_measures_only_the_modes_its_file_lacks(monkeypatch, tmp
 
     measured = []
 
-    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None):
+    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None, fa=False):
         rows = []
         for n, m in modes:
             measured.append((n, m))
@@ -144,7 +144,7 @@ def test_a_sweep_plots_the_default_and_the_best_mode(monkeypatch, tmp_path):
     import attnlab.cli.study as study
     from attnlab.cli import app
 
-    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None):
+    def fake_measure(grid, modes, runs, on_trace=None, on_mode=None, fa=False):
         return [{"grid": grid, "mode": [n, m], "trace": f"t{i}", "accesses": 1, "row_ms": 1.0,
                  "cymatic_ms": 1.0, "speedup": 2.0 if (n, m) == (3, 2) else 1.0}
                 for n, m in modes for i in range(15)]
@@ -161,3 +161,31 @@ def test_a_sweep_plots_the_default_and_the_best_mode(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     assert "best mode over all traces 3x2: geomean 2.000x" in result.output
     assert plotted == {"sweep": 54 * 15, "modes": {(6, 4), (3, 2)}, "mode": (6, 4)}
+
+
+def test_fa_traces_visit_every_key_block_once_per_query_block_in_their_order():
+    grid, head_dim, block = 256, 16, 8
+    fa = cymatic.fa_traces(grid, head_dim, block)
+    assert list(fa) == list(cymatic.FA_TRACES)
+    blocks = int(grid / math.sqrt(2)) // block
+    size = block * head_dim
+    r, _ = cymatic.polar(grid)
+    strip = np.zeros((grid, grid), bool)
+    strip[:, (grid - head_dim) // 2:(grid + head_dim) // 2] = True
+    sequences = {}
+    for name, cells in fa.items():
+        assert len(cells) == blocks * blocks * size
+        assert (r.ravel()[cells] < 1).all() and strip.ravel()[cells].all()
+        visits = cells.reshape(-1, size)
+        # A visit is one key block: block rows of head_dim contiguous cells, raster order.
+        assert (np.diff(visits.reshape(-1, block, head_dim), axis=2) == 1).all()
+        assert (np.diff(visits.reshape(-1, block, head_dim)[:, :, 0], axis=1) == grid).all()
+        key = (visits[:, 0] - visits[0].min()) // (block * grid)
+        sequences[name] = key
+        assert (np.bincount(key, minlength=blocks) == blocks).all()
+    n = blocks
+    assert list(sequences["fa_rowmajor"][:n + 1]) == [*range(n), 0]
+    assert list(sequences["fa_zigzag"][n:2 * n]) == list(range(n - 1, -1, -1))
+    assert list(sequences["fa_diagonal"][:6]) == [0, 1, 0, 2, 1, 0]
+    with pytest.raises(ValueError, match="strip"):
+        cymatic.fa_traces(64, 64)

@@ -39,6 +39,9 @@ def cymatic_command(
     resume: bool = typer.Option(False, help="Keep the rows of OUT/cymatic.json and measure "
                                 "only the (grid, mode) pairs it lacks: a sweep saves after "
                                 "every mode, so it can be spread over several runs."),
+    fa: bool = typer.Option(False, help="Add Observation JJ's three FlashAttention block "
+                            "traces (one head's K/V strip, every query block x key block "
+                            "pair in the kernel's, anti-diagonal and snake orders)."),
     sweep: bool = typer.Option(False, help="Observation II's sweep instead of --modes: n in "
                                "2..10 x m in 1..6, with a heatmap of each mode's geometric "
                                "mean and the best mode per trace."),
@@ -56,17 +59,19 @@ def cymatic_command(
     rows = json.loads(saved.read_text()) if resume and saved.exists() else []
     done = {(r["grid"], tuple(r["mode"])) for r in rows}
     with progress_bar() as progress:
-        task = progress.add_task("gather traces", total=len(grid_sizes) * len(mode_list) * 15)
+        per_mode = cymatic.SEED_TRACE_COUNT + len(cymatic.FA_TRACES) * fa
+        task = progress.add_task("gather traces",
+                                 total=len(grid_sizes) * len(mode_list) * per_mode)
         for grid in grid_sizes:
             todo = [mode for mode in mode_list if (grid, mode) not in done]
-            progress.advance(task, 15 * (len(mode_list) - len(todo)))
+            progress.advance(task, per_mode * (len(mode_list) - len(todo)))
             if not todo:
                 continue
             earlier = list(rows)
             rows = earlier + cymatic.measure(
                 grid, todo, runs, lambda: progress.advance(task),
                 lambda new, earlier=earlier: saved.write_text(json.dumps(earlier + new,
-                                                                         indent=1)))
+                                                                         indent=1)), fa=fa)
     columns = list(dict.fromkeys((r["grid"], tuple(r["mode"])) for r in rows))
     table = Table(title="cymatic layout: row-major time / cymatic time per trace (above 1: "
                   "cymatic faster)", title_justify="left")

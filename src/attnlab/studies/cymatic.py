@@ -25,6 +25,9 @@ import numpy as np
 _QUADRATURE = 2048
 #: The seed's default mode (n, m).
 DEFAULT_MODE = (6, 4)
+#: The seed's traces (``traces``) and the FlashAttention block traces (``fa_traces``).
+SEED_TRACE_COUNT = 15
+FA_TRACES = ("fa_rowmajor", "fa_diagonal", "fa_zigzag")
 #: Observation II's sweep: n in 2..10, m in 1..6 (54 modes).
 SWEEP_MODES: tuple[tuple[int, int], ...] = tuple((n, m) for n in range(2, 11)
                                                  for m in range(1, 7))
@@ -162,12 +165,36 @@ def traces(grid: int, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+def fa_traces(grid: int, head_dim: int = 128, block: int = 64) -> dict[str, np.ndarray]:
+    """Observation JJ's FlashAttention block traces: one head's K (``S x head_dim``, ``S`` the
+    inscribed square's side in whole blocks) is the strip of the grid's ``head_dim`` middle
+    columns, a K row per grid row; the forward visits every (query block, key block) pair and
+    reads the key block's ``block x head_dim`` cells in raster order. The pairs in the kernel's
+    order (``fa_rowmajor``: query block outer), by anti-diagonal (``fa_diagonal``: q + k, then
+    q) and snaking (``fa_zigzag``: key blocks reversed on odd query blocks)."""
+    if not 0 < head_dim <= grid // 2:
+        raise ValueError(f"head_dim {head_dim} does not fit a strip of the {grid}^2 disc")
+    blocks = int(grid / math.sqrt(2)) // block
+    if blocks < 2:
+        raise ValueError(f"a {grid}^2 grid holds fewer than two {block}-row blocks")
+    row0, col0 = (grid - blocks * block) // 2, (grid - head_dim) // 2
+    rows = row0 + np.arange(block)[:, None]
+    cells = (rows * grid + col0 + np.arange(head_dim)).ravel()
+    key_block = [cells + k * block * grid for k in range(blocks)]
+    q, k = np.meshgrid(np.arange(blocks), np.arange(blocks), indexing="ij")
+    orders = (k.ravel(), k.ravel()[np.lexsort((q.ravel(), (q + k).ravel()))],
+              np.where(q % 2, blocks - 1 - k, k).ravel())
+    return {name: np.concatenate([key_block[j] for j in order])
+            for name, order in zip(FA_TRACES, orders, strict=True)}
+
+
 def measure(grid: int, modes: list[tuple[int, int]], runs: int = 11,
-            on_trace=None, on_mode=None) -> list[dict[str, object]]:
+            on_trace=None, on_mode=None, fa: bool = False) -> list[dict[str, object]]:
     """On the current GPU: every trace read through the row-major and each mode's cymatic
     address map by the gather kernel, round-robin, median device time; one row per (mode,
     trace) with both times and the cymatic layout's speedup (row time / cymatic time).
-    ``on_mode(rows)`` follows each mode with the rows so far (a sweep saves as it goes)."""
+    ``on_mode(rows)`` follows each mode with the rows so far (a sweep saves as it goes);
+    ``fa`` adds the FlashAttention block traces (``fa_traces``)."""
     import torch
 
     from attnlab import device
@@ -182,7 +209,8 @@ def measure(grid: int, modes: list[tuple[int, int]], runs: int = 11,
     rows = []
     # The traces' cells and their row-major addresses go to the GPU once; a mode's address
     # map is looked up there (a sweep's 54 modes x 160 M accesses at 8192^2).
-    cells_of = {name: torch.from_numpy(cells).to(cuda) for name, cells in traces(grid).items()}
+    every = traces(grid) | (fa_traces(grid) if fa else {})
+    cells_of = {name: torch.from_numpy(cells).to(cuda) for name, cells in every.items()}
     row_map = torch.from_numpy(row.astype(np.int32)).to(cuda)
     row_index = {name: row_map[cells] for name, cells in cells_of.items()}
     for n, m in modes:
