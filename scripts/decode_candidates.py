@@ -1,11 +1,13 @@
 """Time decoding-kernel candidates (block keys, split counts, ring stages) on the GPU, device
 only.
 
-Usage (GPU): python scripts/decode_candidates.py [--out DIR]
+Usage (GPU): python scripts/decode_candidates.py [--combine] [--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
 ``attention_with_kvcache`` picks) against 64-key blocks, other split counts and a deeper K/V
 ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
-round-robin on the same inputs; GB/s of K/V read, median of the runs. Results go to
+round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
+the split decoding alone against it followed by each combine (``CombineSpec.cta_per_row``
+off and on), at the default and at twice the split count. Results go to
 OUT/decode_candidates.json.
 """
 
@@ -27,15 +29,19 @@ from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_wi
 
 POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, heads_kv=1),
           Point(1, 1, 131072, 8, 128, heads_kv=1), Point(1, 1, 4096, 32, 128, heads_kv=8),
-          Point(8, 1, 4096, 32, 128, heads_kv=8), Point(8, 1, 32768, 32, 128, heads_kv=8)]
+          Point(8, 1, 4096, 32, 128, heads_kv=8), Point(8, 1, 32768, 32, 128, heads_kv=8),
+          Point(1, 1, 32768, 8, 128, heads_kv=1), Point(1, 1, 4096, 8, 128, heads_kv=1)]
 
 
-def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int):
+def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
+           combine: bool | None = False):
+    """One variant's call; ``combine``: the combine's ``cta_per_row``, None for none."""
     info = device.info(torch.device("cuda"))
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
                       kpw, stages)
     decode = kernel_cache.get(spec).fn
-    combine = kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
+    merge = (None if combine is None else
+             kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim, combine)).fn)
     b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
     out = torch.empty(b, sq, hq, d, dtype=point.torch_dtype, device="cuda")
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
@@ -53,7 +59,8 @@ def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw:
         else:
             decode(q, kc, vc, seqlens, None, table if paged else None, part, part_lse, scale,
                    left, right, splits)
-            combine(part, part_lse, out, lse, splits)
+            if merge is not None:
+                merge(part, part_lse, out, lse, splits)
     return run
 
 
@@ -61,6 +68,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--combine", action="store_true",
+                        help="time the split decoding alone and with each combine")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     rows = []
@@ -72,10 +81,17 @@ def main() -> None:
                              math.ceil(point.seqlen_k / (kpw * DECODE_WARPS)),
                              info.multiprocessors)
         variants = {}
+        if args.combine:
+            for splits in sorted({max(2, auto), min(128, 2 * max(2, auto))}):
+                for combine in (None, False, True):
+                    name = {None: "no combine", False: "combine", True: "combine cta_per_row"}
+                    variants[f"splits={splits} {name[combine]}"] = runner(
+                        point, sets, False, splits, stages, kpw, combine)
         # (keys per warp, stages, splits): the default, then 64-key blocks (half the shared
         # memory: two CTAs per SM) with as many and with twice the splits.
-        for kpw_, st, splits in ((kpw, stages, auto), (16, 2, auto), (16, 2, min(128, 2 * auto)),
-                                 (16, 3, min(128, 2 * auto)), (kpw, stages, max(1, auto // 2))):
+        for kpw_, st, splits in (() if args.combine else (
+                (kpw, stages, auto), (16, 2, auto), (16, 2, min(128, 2 * auto)),
+                (16, 3, min(128, 2 * auto)), (kpw, stages, max(1, auto // 2)))):
             variants[f"kpw={kpw_} stages={st} splits={splits}"] = runner(
                 point, sets, False, splits, st, kpw_)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))

@@ -84,6 +84,20 @@ def test_combine_kernel_reads_one_vector_per_split(tmp_path):
     assert ops["LDG"] == 3 * (SPLITS_UNROLL + 1) and ops["STG"] == 2
 
 
+@pytest.mark.parametrize("head_dim", [96, 128, 256])
+def test_cta_per_row_combine_shares_the_splits_out(tmp_path, head_dim):
+    """A CTA per row: one LSE load per thread and round for the max, then per split of a
+    group its LSE and one vector (unrolled), two CTA barriers, no spills."""
+    from attnlab.kernels.common.decode_combine import SPLITS_UNROLL
+
+    art = compile_spec(CombineSpec("sm_90a", "bfloat16", head_dim, cta_per_row=True), tmp_path)
+    text = disassemble(art.cubin)
+    ops = histogram(parse(text))
+    assert 2 * SPLITS_UNROLL < ops["LDG"] <= 2 * (SPLITS_UNROLL + 1) + 1
+    assert ops["BAR"] == 2 and ops["STG"] == 2 and ops["SHFL"] == 5
+    assert not read_resources(art.cubin, text).spills
+
+
 def _inputs(**changes):
     q = torch.randn(2, 1, 8, 64, dtype=torch.bfloat16)
     cache = torch.randn(2, 128, 2, 64, dtype=torch.bfloat16)

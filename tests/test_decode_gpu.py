@@ -234,3 +234,38 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
                                               block_table=table, num_splits=4)
         torch.cuda.synchronize()
         assert torch.equal(out, want) and torch.equal(k_cache, k_eager)
+
+
+@pytest.mark.parametrize("cta_per_row", [False, True])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("splits", [1, 3, 37, 128])
+def test_combine_merges_partials_by_their_lses(cta_per_row, head_dim, splits):
+    """Both combines against an fp64 merge of random partials: some splits saw no key (LSE
+    -inf, weight 0), one row none at all (O = 0, LSE -inf); outputs start as NaN."""
+    from attnlab import device, kernel_cache
+    from attnlab.kernels.abi import CombineSpec
+
+    gen = torch.Generator(device="cuda").manual_seed(splits * 7 + head_dim)
+    batch, seqlen_q, heads = 3, 2, 5
+    part = torch.randn(splits * batch, seqlen_q, heads, head_dim, device="cuda", generator=gen)
+    part_lse = 4 * torch.randn(splits * batch, heads, seqlen_q, device="cuda", generator=gen)
+    empty = torch.rand(part_lse.shape, device="cuda", generator=gen) < 0.3
+    part_lse[empty] = -math.inf
+    part_lse.view(splits, batch, heads, seqlen_q)[:, 1, 2, 0] = -math.inf
+    out = torch.full((batch, seqlen_q, heads, head_dim), math.nan, dtype=torch.bfloat16,
+                     device="cuda")
+    lse = torch.full((batch, heads, seqlen_q), math.nan, device="cuda")
+    spec = CombineSpec(device.info(out.device).arch, "bfloat16", head_dim, cta_per_row)
+    kernel_cache.get(spec).fn(part, part_lse, out, lse, splits)
+    torch.cuda.synchronize()
+    lses = part_lse.double().view(splits, batch, heads, seqlen_q)
+    ref_lse = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - ref_lse.nan_to_num(neginf=0.0)).nan_to_num(0.0)
+    parts = part.double().view(splits, batch, seqlen_q, heads, head_dim)
+    ref = (weights.permute(0, 1, 3, 2)[..., None] * parts).sum(0)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out.double() - ref).abs().max().item() <= 2e-2
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), finite) and not finite[1, 2, 0]
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() <= 1e-4
+    assert out[1, 0, 2].abs().max().item() == 0
