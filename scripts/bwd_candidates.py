@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mma_sync": {"wgmma": False, "producer_warp": False},
     "cp_async": {"producer_warp": False},
     "lpt": {"lpt": True},
+    "O1": {"ptxas_opt_level": 1},
     "sm80": {"default_of": "sm_80"},
 }
 

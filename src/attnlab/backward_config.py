@@ -49,6 +49,8 @@ class BackwardConfig:
             L2 sections of (sequence, K/V head) pairs (the forward's ``lpt``, read the other
             way round: a causal band gives the first K/V blocks the most query blocks), so
             the short ones fill the grid's tail.
+        ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): at hd128 the sm_90a
+            default spills 18 values at -O3 and 6 at -O1.
     """
 
     block_m: int = 64
@@ -59,6 +61,7 @@ class BackwardConfig:
     wgmma: bool = False
     producer_warp: bool = False
     lpt: bool = False
+    ptxas_opt_level: int = 3
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "q_stages"):
@@ -74,6 +77,9 @@ class BackwardConfig:
         if self.block_m % MMA_M or not 16 <= self.block_m <= 128:
             raise ConfigError(f"block_m must be a multiple of 16 from 16 to 128, got "
                               f"{self.block_m}")
+        if self.ptxas_opt_level not in (0, 1, 2, 3) or isinstance(self.ptxas_opt_level, bool):
+            raise ConfigError(f"ptxas_opt_level must be 0, 1, 2 or 3, got "
+                              f"{self.ptxas_opt_level!r}")
         if self.q_stages not in (1, 2):
             raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages}")
         if self.wgmma and ((self.num_warps, self.dq_warps_m) != (8, 0) or (
@@ -147,6 +153,8 @@ class BackwardConfig:
         flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
+        if self.ptxas_opt_level != 3:
+            flags.append(f"ptxas_O{self.ptxas_opt_level}")
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:

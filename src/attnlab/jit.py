@@ -99,7 +99,7 @@ def compile_backward(spec: BackwardSpec, dump_dir: str | Path | None = None) -> 
     else:
         from attnlab.kernels.sm80.backward import FlashBackwardSm80 as kernel
     return compile_kernel(kernel(spec), tuple(fake_backward_args(spec)), arch=spec.arch,
-                          dump_dir=dump_dir)
+                          opt_level=spec.config.ptxas_opt_level, dump_dir=dump_dir)
 
 
 #: Specs whose kernel class is one per spec type: (module, class, compile-time arguments).
