@@ -6,9 +6,8 @@ For a few points of ``attnlab bench --decode``'s grid, the default (what
 ``attention_with_kvcache`` picks) against 64-key blocks, other split counts and a deeper K/V
 ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
 round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
-the split decoding alone against it followed by each combine (``CombineSpec.cta_per_row``
-off and on), at the default and at twice the split count. Results go to
-OUT/decode_candidates.json.
+the split decoding alone against it followed by the combine, at the default and at twice the
+split count (what the merge costs). Results go to OUT/decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -34,14 +33,14 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 
 
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
-           combine: bool | None = False):
-    """One variant's call; ``combine``: the combine's ``cta_per_row``, None for none."""
+           combine: bool = True):
+    """One variant's call; ``combine``: a split decoding's partials merged."""
     info = device.info(torch.device("cuda"))
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
                       kpw, stages)
     decode = kernel_cache.get(spec).fn
-    merge = (None if combine is None else
-             kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim, combine)).fn)
+    merge = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
+             if combine else None)
     b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
     out = torch.empty(b, sq, hq, d, dtype=point.torch_dtype, device="cuda")
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
@@ -83,9 +82,9 @@ def main() -> None:
         variants = {}
         if args.combine:
             for splits in sorted({max(2, auto), min(128, 2 * max(2, auto))}):
-                for combine in (None, False, True):
-                    name = {None: "no combine", False: "combine", True: "combine cta_per_row"}
-                    variants[f"splits={splits} {name[combine]}"] = runner(
+                for combine in (False, True):
+                    name = "combine" if combine else "no combine"
+                    variants[f"splits={splits} {name}"] = runner(
                         point, sets, False, splits, stages, kpw, combine)
         # (keys per warp, stages, splits): the default, then 64-key blocks (half the shared
         # memory: two CTAs per SM) with as many and with twice the splits.

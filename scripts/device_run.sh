@@ -26,6 +26,8 @@
 #            peers at issue 20's anchor shapes
 #   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
 #            later arguments go to it)
+#   decode   the decoding GPU tests, then attnlab bench --decode over issue 21's grid in three
+#            invocations (B 1 and 8 x 4k and 32k, 1 x 128k, 64 x 4k: each fits the GPU)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
 #            arguments go to the bench, e.g. --shapes 4096x4096x4096), INT8, the HGEMM ladder
 #   sparse   the 2:4 sparse and online INT8 GEMMs' GPU tests, then attnlab bench --family
@@ -117,6 +119,13 @@ case $mode in
     attnlab bench --backward --seqlens 2048,8192 --head-dims 64,128 --dtypes bf16,fp16 \
       --out "$OUT"
     ;;
+  decode)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_decode_gpu.py 2>&1 \
+      | tee -a "$log" | tail -3
+    attnlab bench --decode --batches 1,8 --cache-lens 4096,32768 --out "$OUT/decode-a"
+    attnlab bench --decode --batches 1 --cache-lens 131072 --out "$OUT/decode-b"
+    attnlab bench --decode --batches 64 --cache-lens 4096 --out "$OUT/decode-c"
+    ;;
   bwdsweep)
     python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
@@ -174,5 +183,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|decode|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac

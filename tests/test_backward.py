@@ -132,6 +132,9 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         # loop-carried values to L1 (0-41 stores; measured faster all the same,
         # docs/backward.md steps 8-9). More means a change pushed a tile over.
         assert res.registers == 168 and res.spill_stores <= 48, res
+        if head_dim == 128 and not windowed:
+            # Assembled at -O1: 6 spill stores where -O3 left 18 (+5 to +11 %).
+            assert config.ptxas_opt_level == 1 and res.spill_stores <= 8, res
     else:
         assert not res.spills, res
 

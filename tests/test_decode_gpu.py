@@ -236,11 +236,10 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
         assert torch.equal(out, want) and torch.equal(k_cache, k_eager)
 
 
-@pytest.mark.parametrize("cta_per_row", [False, True])
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("splits", [1, 3, 37, 128])
-def test_combine_merges_partials_by_their_lses(cta_per_row, head_dim, splits):
-    """Both combines against an fp64 merge of random partials: some splits saw no key (LSE
+def test_combine_merges_partials_by_their_lses(head_dim, splits):
+    """The combine against an fp64 merge of random partials: some splits saw no key (LSE
     -inf, weight 0), one row none at all (O = 0, LSE -inf); outputs start as NaN."""
     from attnlab import device, kernel_cache
     from attnlab.kernels.abi import CombineSpec
@@ -255,7 +254,7 @@ def test_combine_merges_partials_by_their_lses(cta_per_row, head_dim, splits):
     out = torch.full((batch, seqlen_q, heads, head_dim), math.nan, dtype=torch.bfloat16,
                      device="cuda")
     lse = torch.full((batch, heads, seqlen_q), math.nan, device="cuda")
-    spec = CombineSpec(device.info(out.device).arch, "bfloat16", head_dim, cta_per_row)
+    spec = CombineSpec(device.info(out.device).arch, "bfloat16", head_dim)
     kernel_cache.get(spec).fn(part, part_lse, out, lse, splits)
     torch.cuda.synchronize()
     lses = part_lse.double().view(splits, batch, heads, seqlen_q)

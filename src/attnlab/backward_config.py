@@ -208,6 +208,7 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
                      ) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
     first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``;
+    assembled at ptxas -O1 at hd128;
     above hd128 the 64 x 64 tile whose warpgroups split the head dim, with as many ring
     stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
     128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
@@ -234,8 +235,11 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool) -> BackwardConfig |
                                    lpt=True)
             return split if split.smem_bytes(head_dim) <= capacity else split.replace(
                 q_stages=1)
+        # ptxas -O1 at hd128: 6 spilled values instead of 18 (causal 16 / 21), +5 to +11 %
+        # (twenty-second session); at hd64 it spills more (54 against 25).
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
-                              producer_warp=True, lpt=True)
+                              producer_warp=True, lpt=True,
+                              ptxas_opt_level=1 if head_dim == 128 else 3)
     if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
         candidates = tuple(BackwardConfig(block_n=64, block_m=32, q_stages=stages)
                            for stages in (2, 1))

@@ -378,20 +378,17 @@ def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
 @dataclass(frozen=True)
 class CombineSpec(FlatSpec):
     """The kernel that merges a split decoding's partial outputs by their LSEs
-    (``kernels/common/decode_combine.py``). ``cta_per_row``: a CTA merges one row, its
-    threads sharing out the splits (else a thread walks every split of its row's columns)."""
+    (``kernels/common/decode_combine.py``)."""
 
     KIND: ClassVar[str] = "decode_combine"
-    FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (("_cta_per_row", "cta_per_row"),)
 
     arch: str
     dtype: str
     head_dim: int
-    cta_per_row: bool = False
 
     @property
     def label(self) -> str:
-        return "decode_combine" + self.variant()
+        return "decode_combine"
 
 
 class CombineArgs(NamedTuple):
