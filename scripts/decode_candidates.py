@@ -86,11 +86,13 @@ def main() -> None:
                     name = "combine" if combine else "no combine"
                     variants[f"splits={splits} {name}"] = runner(
                         point, sets, False, splits, stages, kpw, combine)
-        # (keys per warp, stages, splits): the default, then 64-key blocks (half the shared
+        # (keys per warp, stages, splits): the default, a stage deeper (three 128-key blocks
+        # in flight: 198 KB of shared memory on sm_90), then 64-key blocks (half the shared
         # memory: two CTAs per SM) with as many and with twice the splits.
         for kpw_, st, splits in (() if args.combine else (
-                (kpw, stages, auto), (16, 2, auto), (16, 2, min(128, 2 * auto)),
-                (16, 3, min(128, 2 * auto)), (kpw, stages, max(1, auto // 2)))):
+                (kpw, stages, auto), (kpw, stages + 1, auto), (16, 2, auto),
+                (16, 2, min(128, 2 * auto)), (16, 3, min(128, 2 * auto)),
+                (kpw, stages, max(1, auto // 2)))):
             variants[f"kpw={kpw_} stages={st} splits={splits}"] = runner(
                 point, sets, False, splits, st, kpw_)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))

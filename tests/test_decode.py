@@ -152,3 +152,22 @@ def test_fake_decoding_op_gives_the_outputs_torch_compile_sees():
                                             0.0883, 1 << 30, 0, 0)
         assert (out.shape, out.dtype) == (q.shape, q.dtype) and out.is_contiguous()
         assert (lse.shape, lse.dtype) == ((3, 16, 2), torch.float32)
+
+
+def test_sm90_kernels_wait_for_the_previous_grid_and_let_the_combine_launch_early(tmp_path):
+    """PDL on sm_90a: both kernels begin with ``griddepcontrol.wait`` (ACQBULK) before any
+    global read; a split decoding signals its dependents (PREEXIT) once past its walk; no
+    such instruction on sm_80."""
+    def ops(spec):
+        art = compile_spec(spec, tmp_path / spec.label / spec.arch)
+        return parse(disassemble(art.cubin))
+
+    split = DecodeSpec("sm_90a", "bfloat16", 128, split=True)
+    for spec in (split, CombineSpec("sm_90a", "bfloat16", 128)):
+        listing = [i.opcode for i in ops(spec)]
+        first_load = min(n for n, op in enumerate(listing) if op.startswith(("LDG", "LDGSTS")))
+        assert "ACQBULK" in listing[:first_load], spec
+    assert "PREEXIT" in [i.opcode for i in ops(split)]
+    for spec in (DecodeSpec("sm_80", "bfloat16", 128, split=True),
+                 CombineSpec("sm_80", "bfloat16", 128)):
+        assert not {"ACQBULK", "PREEXIT"} & {i.opcode for i in ops(spec)}

@@ -18,6 +18,10 @@ kernel is built for bandwidth, not for tensor-core rate.
   row, so a paged cache (row ``p`` of sequence ``b`` lives at page ``block_table[b, p //
   page_size]``, row ``p % page_size``) and a contiguous one (``cache_batch_idx``) take the
   same path; blocks of ``kv_stages`` are in flight while the warps compute.
+* **PDL** (programmatic dependent launch, sm_90): the kernel and the combine are launched
+  before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
+  before reading anything, so a launch's latency hides under the previous kernel's tail; a
+  split decoding lets the combine launch once its CTAs are past their K/V walk.
 """
 
 import cuda.bindings.driver as cuda
@@ -56,6 +60,8 @@ class FlashDecode:
         self.dtype = element_type(spec.dtype)
         self.head_dim = spec.head_dim
         self.block_n = spec.keys_per_warp * DECODE_WARPS
+        #: Programmatic dependent launch (sm_90): see ``PDL`` in the module docstring.
+        self.pdl = spec.arch == "sm_90a"
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -88,7 +94,7 @@ class FlashDecode:
         self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
                     SharedStorage, group, pages).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
-            block=[THREADS, 1, 1], stream=stream)
+            block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
@@ -96,6 +102,10 @@ class FlashDecode:
                pages: cute.FastDivmodDivisorV2 | None):
         D, spec = self.head_dim, self.spec
         B_n, kpw = self.block_n, spec.keys_per_warp
+        if cutlass.const_expr(self.pdl):
+            # Launched before the stream's previous kernel ended: nothing it writes (the
+            # cache, the lengths, the query) is read before it has.
+            cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         m_block, bh, split = cute.arch.block_idx()
         heads_kv = t.k_cache.shape[2]
@@ -203,6 +213,9 @@ class FlashDecode:
         # ---- the warps' outputs merged by their LSEs, then written -------------------------
         lse_w = cute.make_rmem_tensor((cute.size(tScS, mode=[0]),), cutlass.Float32)
         softmax.finalize(acc_O, lse_w)
+        if cutlass.const_expr(self.pdl and spec.split):
+            # The combine may launch (it waits for this grid's end before reading).
+            cute.arch.griddepcontrol_launch_dependents()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
         sO = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=cutlass.Float32),

@@ -39,6 +39,8 @@ class DecodeCombine:
         #: (hd96: 120 of 128 work).
         self.groups = THREADS // self.per_row
         self.working = self.groups * self.per_row
+        #: Launched early behind the split decoding (``decode.py``'s PDL, sm_90).
+        self.pdl = spec.arch == "sm_90a"
 
     @cute.jit
     def __call__(self, partial_out: cute.Tensor, partial_lse: cute.Tensor, out: cute.Tensor,
@@ -51,10 +53,13 @@ class DecodeCombine:
             "total": cute.struct.MemRange[cutlass.Float32, self.groups],
             "acc": cute.struct.MemRange[cutlass.Float32, THREADS * VEC]})
         self.kernel(t, SharedStorage).launch(grid=[rows, 1, 1], block=[THREADS, 1, 1],
-                                             stream=stream)
+                                             stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, t: CombineArgs, SharedStorage: cutlass.Constexpr):
+        if cutlass.const_expr(self.pdl):
+            # The partials are the previous kernel's: wait for its end (and its writes).
+            cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         index, _, _ = cute.arch.block_idx()
         batch_size, seqlen_q, heads = t.out.shape[0], t.out.shape[1], t.out.shape[2]
