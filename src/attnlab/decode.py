@@ -44,7 +44,9 @@ _calls: dict[tuple, _DecodeCall] = {}
 
 def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
     """``(keys_per_warp, kv_stages)`` of the decoding kernel: a K/V block of 128 keys where
-    shared memory holds two (hd <= 128 on sm_80/90), else of 64.
+    shared memory holds two (hd <= 128 on sm_80/90), else of 64; three blocks in flight where
+    they fit, else two (measured at hd128 on an H200: +1 to +7 % from the third stage,
+    ``docs/decode.md``).
 
     Raises:
         attnlab.ConfigError: no block fits ``arch``'s shared memory at this head dim.
@@ -55,11 +57,11 @@ def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
             # 64-key blocks at hd192/256 (48-64 KiB of K and V each) fit sm_80 twice too;
             # 128-key ones were not measured there.
             continue
-        stages = 2
         block = keys_per_warp * DECODE_WARPS
-        need = 2 * stages * block * head_dim * 2 + 16 * head_dim * 2 + 2048
-        if need <= capacity:
-            return keys_per_warp, stages
+        for stages in (3, 2):
+            need = 2 * stages * block * head_dim * 2 + 16 * head_dim * 2 + 2048
+            if need <= capacity:
+                return keys_per_warp, stages
     raise ConfigError(f"no decoding tile at head_dim={head_dim} fits the shared memory of "
                       f"{arch} ({capacity} bytes)")
 
