@@ -171,6 +171,21 @@ def test_cache_batch_idx_selects_cache_rows():
     assert (out.double() - ref_out).abs().max().item() <= 2e-2
 
 
+def test_lengths_given_as_none_or_an_int_follow_each_call():
+    """No ``cache_seqlens`` (the whole cache), then ints that change and repeat: each call
+    attends to exactly its own length (the filled lengths are reused only for the same
+    count)."""
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    dt = torch.bfloat16
+    k_cache, v_cache, _ = make_cache(2, 640, 2, 64, dt, gen)
+    q = randn(2, 1, 8, 64, dtype=dt, gen=gen)
+    for length in (None, 100, 100, 37, 640, None):
+        out = attnlab.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=length)
+        n = 640 if length is None else length
+        ref_out, _ = reference_out(q, k_cache, v_cache, None, [n, n], (-1, -1), 0.125)
+        assert (out.double() - ref_out).abs().max().item() <= 2e-2, length
+
+
 def test_opt_in_check_refuses_lengths_and_pages_out_of_range():
     gen = torch.Generator(device="cuda").manual_seed(2)
     k_cache, v_cache, table = make_cache(2, 256, 2, 64, torch.bfloat16, gen, 64)

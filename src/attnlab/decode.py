@@ -250,6 +250,7 @@ class _DecodeCall:
         self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
                         if self.splits > 1 else None)
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._filled: tuple[int, torch.Tensor] | None = None
 
     def seqlens(self, cache_seqlens: torch.Tensor | int | None, q: torch.Tensor,
                 k: torch.Tensor | None) -> torch.Tensor:
@@ -257,7 +258,12 @@ class _DecodeCall:
         if isinstance(cache_seqlens, torch.Tensor):
             return cache_seqlens
         filled = self.capacity - self.new_tokens if cache_seqlens is None else cache_seqlens
-        return torch.full((q.shape[0],), filled, dtype=torch.int32, device=q.device)
+        # Kernels only read the lengths (an append adds to a copy), so the last filled
+        # tensor serves every call with the same count: no fill kernel per decoding step.
+        if self._filled is None or self._filled[0] != filled:
+            self._filled = (filled, torch.full((q.shape[0],), filled, dtype=torch.int32,
+                                               device=q.device))
+        return self._filled[1]
 
     def scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The split partials (O and LSE) and an LSE nobody reads, for launches on the
