@@ -120,6 +120,22 @@ def test_serial_split_k_is_deterministic_and_leaves_counters_zero():
     assert all(int(c.abs().sum()) == 0 for c in _counters.values())
 
 
+@pytest.mark.parametrize("mode", ["serial", "workspace"])
+def test_split_k_partials_kept_between_calls_serve_each_call(mode):
+    """A call signature's split-K partials are kept per stream: calls on new operands, back
+    to back without a sync, each give their own product (on a side stream too)."""
+    cfg = GemmConfig(block_n=128, split_k=4, split_mode=mode)
+    pairs = [operands(200, 392, 1000, torch.bfloat16, seed=s) for s in (5, 6, 7)]
+    outs = [matmul(a, b, config=cfg) for a, b in pairs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        outs.append(matmul(*pairs[0], config=cfg))
+    torch.cuda.current_stream().wait_stream(side)
+    for (a, b), out in zip(pairs + pairs[:1], outs, strict=True):
+        check(out, a, b, torch.bfloat16, mode)
+
+
 # ---- INT8 ------------------------------------------------------------------------------------
 def int8_reference(a_q, b_q, scale_a, scale_b, zero_b):
     b = b_q.double() - (0 if zero_b is None else zero_b.double()[None, :])

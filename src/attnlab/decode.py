@@ -266,20 +266,14 @@ class _DecodeCall:
         return self._filled[1]
 
     def scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The split partials (O and LSE) and an LSE nobody reads, for launches on the
-        current stream, allocated once per stream: a stream runs its launches in order, so a
-        later call's writes come after this call's combine has read them, and the 2-3 tensor
-        allocations a call would make (~5 us of host time) are gone."""
-        stream = device.stream_handle(q.device)
-        buffers = self._scratch.get(stream)
-        if buffers is None:
-            batch, seqlen_q, heads_q, head_dim = q.shape
-            splits = self.splits if self.combine is not None else 0
-            buffers = tuple(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
+        """The split partials (O and LSE) and an LSE nobody reads, allocated once per stream
+        (``device.per_stream``): the combine reads them before the call's last launch ends."""
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        splits = self.splits if self.combine is not None else 0
+        return device.per_stream(self._scratch, q.device, lambda: tuple(
+            torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
                 (splits * batch, seqlen_q, heads_q, head_dim), (splits * batch, heads_q, seqlen_q),
-                (batch, heads_q, seqlen_q)))
-            self._scratch[stream] = buffers
-        return buffers
+                (batch, heads_q, seqlen_q))))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                  out, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,13 @@ Everything here is cached by device index.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 _ARCH_BY_CAPABILITY = {(8, 0): "sm_80", (8, 6): "sm_86", (8, 7): "sm_86", (8, 9): "sm_89",
                        (9, 0): "sm_90a"}
@@ -41,6 +45,19 @@ def stream_handle(device: torch.device | int | None = None) -> int:
     scratch buffers) is keyed by. ``torch.cuda.current_stream`` builds a ``Stream`` object
     for it, tens of microseconds a call; this reads the handle alone."""
     return torch._C._cuda_getCurrentRawStream(_index(device))
+
+
+def per_stream(cache: dict[int, T], device: torch.device | int | None, make: Callable[[], T]
+               ) -> T:
+    """``cache``'s entry for the device's current stream, ``make()`` the first time: scratch
+    buffers a call's launches write and read back before the call's last launch ends. A
+    stream runs its launches in order, so the next call's writes come after this call has
+    read them, and the allocations (~3-5 us of host time each) are made once."""
+    stream = stream_handle(device)
+    entry = cache.get(stream)
+    if entry is None:
+        entry = cache[stream] = make()
+    return entry
 
 
 def info(device: torch.device | int | None = None) -> DeviceInfo:

@@ -19,6 +19,9 @@ from attnlab.gemm_config import GemmConfig, element_bytes
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, ReduceSpec, binary_config
 from attnlab.runtime import remember
 
+#: Largest split-K partials a call signature keeps between calls (per stream).
+SCRATCH_BYTES = 32 << 20
+
 #: The architectures the HGEMM is built for.
 GEMM_ARCHS = ("sm_90a",)
 _IN_DTYPES = (torch.float16, torch.bfloat16)
@@ -170,6 +173,7 @@ class _GemmCall:
         cfg = self.plan.config
         self.counters = (math.ceil(self.m / cfg.block_m) * math.ceil(self.n / cfg.block_n)
                          * cfg.num_consumers)
+        self._scratch: dict[int, torch.Tensor] = {}
         self.reduce = None
         if self.plan.split == "workspace" or (self.plan.split == "atomic"
                                               and out_dtype != torch.float32):
@@ -193,12 +197,11 @@ class _GemmCall:
             return c
         if p.split == "serial":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
-            partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
-            self.gemm(a, b, c, partials, tile_counters(a.device, self.counters), *NO_EPILOGUE,
-                      p.splits, p.num_ctas)
+            self.gemm(a, b, c, self._partials(a), tile_counters(a.device, self.counters),
+                      *NO_EPILOGUE, p.splits, p.num_ctas)
             return c
         if p.split == "workspace":
-            partials = torch.empty((p.splits, *shape), dtype=torch.float32, device=a.device)
+            partials = self._partials(a)
             self.gemm(a, b, partials, None, None, *NO_EPILOGUE, p.splits, p.num_ctas)
         else:
             partials = torch.zeros(shape, dtype=torch.float32, device=a.device)
@@ -209,6 +212,17 @@ class _GemmCall:
         c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
         self.reduce(partials, c)
         return c
+
+
+    def _partials(self, a: torch.Tensor) -> torch.Tensor:
+        """The K slices' fp32 partials: kept per stream (``device.per_stream``; the slices'
+        meeting or the reduce reads them within the call) up to ``SCRATCH_BYTES``, larger
+        ones allocated per call (their GEMMs take far longer than an allocation)."""
+        shape = (self.plan.splits, self.m, self.n)
+        if 4 * math.prod(shape) > SCRATCH_BYTES:
+            return torch.empty(shape, dtype=torch.float32, device=a.device)
+        return device.per_stream(self._scratch, a.device, lambda: torch.empty(
+            shape, dtype=torch.float32, device=a.device))
 
 
 def tuned(info: device.DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int
