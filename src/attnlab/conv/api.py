@@ -282,6 +282,7 @@ class _ImplicitConv:
             cfg = p.config
             self.label = f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{p.splits}"
         self.kernel = kernel_cache.get(spec).fn
+        self._scratch: dict[int, torch.Tensor] = {}
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
                  ) -> torch.Tensor:
@@ -294,8 +295,9 @@ class _ImplicitConv:
         c = out.view(self.pixels, k)
         workspace = counters = None
         if self.split == "serial":
-            workspace = torch.empty((self.splits, self.pixels, k), dtype=torch.float32,
-                                    device=x.device)
+            # The slices' partials, kept per stream (the last slice reads them in-kernel).
+            workspace = device.per_stream(self._scratch, x.device, lambda: torch.empty(
+                (self.splits, self.pixels, k), dtype=torch.float32, device=x.device))
             counters = tile_counters(x.device, self.counters)
         fused = None if bias is None or self.bias_after else bias.to(self.dtype)
         self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,

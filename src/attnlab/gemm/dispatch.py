@@ -4,16 +4,20 @@ The lab's dispatcher was a threshold on M x N (split-K below 1024^2 cells, 8 or 
 K). Here the decision comes from what a call costs end to end, as an eager caller sees it: the
 later of its host side (``HOST_US``: one launch, or split-K's launches and workspace) and its
 device side. The device side counts K-tile steps of one CTA (a 128 x 256 step is 1, smaller
-tiles cost ``0.1 + 0.9 x`` their share of its area: they are bound by loads, not MMAs):
+tiles cost ``STEP_FIXED + (1 - STEP_FIXED) x`` their share of its area: they are bound by
+loads, not MMAs):
 
     device = waves(tiles x splits) x ceil(k_tiles / splits) x step x STEP_US
-             + SPLIT_US (if split)
+             + SPLIT_US x (1 + splits) (if split: the slices' meeting, each slice's partial
+               read back by the last)
 
 Candidates: the 128 x 256, 128 x 128, 64 x 128 and 64 x 64 tiles unsplit, and the three
-smaller ones with every split count when their tiles do not fill the GPU. The cheapest wins
+smaller ones with every split count, serial or through a workspace, when their tiles do not
+fill the GPU. The cheapest wins
 (then the shorter device time, the larger tile, the fewer slices). A split pays only when the
-unsplit device time is well above split-K's host cost: on an H100 that is none of the lab's
-skinny shapes (``docs/gemm.md``), where 64-row tiles unsplit are the fastest.
+unsplit device time is above split-K's host cost: at long K (256 x 256 x 8192, 128 x 128 x
+8192: four serial slices, ``docs/gemm.md``); elsewhere in the lab's skinny set 64-row tiles
+unsplit are the fastest.
 """
 
 from __future__ import annotations
@@ -28,15 +32,22 @@ from attnlab.gemm_config import BARRIER_BYTES, GemmConfig
 SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
 #: Microseconds of one 128 x 256 x 64 K-tile step (about 90% of the H100's MMA rate).
 STEP_US = 0.6
-#: Host microseconds of a call (measured on an H100, docs/gemm.md): one launch, or a split's
-#: workspace, counters or zeroed accumulator and second launch.
-HOST_US = {"none": 14.0, "serial": 24.0, "workspace": 24.0, "atomic": 33.0}
-#: Device microseconds the slices' meeting adds (the partials' round trip through L2).
-SPLIT_US = 2.0
+#: The share of a step that does not shrink with the tile (loads, barriers): a 64 x 64 step
+#: measured 0.16 us (256 x 256 x 8192 unsplit, 20.4 us on an H200).
+STEP_FIXED = 0.16
+#: Host microseconds of a call (an H100's host, docs/gemm.md; the split modes scaled by their
+#: ratio to an unsplit call on an H200's host, twenty-second session: serial 1.2x with its
+#: partials kept per stream, workspace 1.42x, atomic 2.28x).
+HOST_US = {"none": 14.0, "serial": 17.0, "workspace": 20.0, "atomic": 32.0}
+#: Device microseconds per slice of the slices' meeting (each partial's round trip through
+#: L2): with it four slices beat eight at 256 x 256 x 8192, as measured.
+SPLIT_US = 0.9
 #: Fewest ring stages a default tile keeps (two leave the TMA latency exposed).
 MIN_STAGES = 3
 #: Fewest K tiles a slice should keep (the ring's prologue and the epilogue amortised).
 MIN_K_TILES_PER_SPLIT = 2
+#: The split modes the model weighs (atomic's zeroed accumulator costs the most host time).
+SPLIT_MODES_WEIGHED = ("serial", "workspace")
 #: The tiles the model weighs, (block_m, block_n), largest first.
 TILES = ((128, 256), (128, 128), (64, 128), (64, 64))
 
@@ -63,7 +74,7 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
 
 def step_cost(config: GemmConfig) -> float:
     """One K-tile step of ``config``'s tile, in 128 x 256 steps."""
-    return 0.1 + 0.9 * config.block_m * config.block_n / (128 * 256)
+    return STEP_FIXED + (1 - STEP_FIXED) * config.block_m * config.block_n / (128 * 256)
 
 
 def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
@@ -73,7 +84,7 @@ def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
     k_tiles = math.ceil(k / config.block_k)
     waves = math.ceil(tiles * splits / multiprocessors)
     return (waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US
-            + (SPLIT_US if splits > 1 else 0.0))
+            + (SPLIT_US * (1 + splits) if splits > 1 else 0.0))
 
 
 def end_to_end_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
@@ -110,7 +121,8 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
         pairs.append((cfg, 1))
         tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
         if block_n <= 128 and tiles < multiprocessors:
-            pairs += [(cfg, s) for s in counts if s > 1]
+            pairs += [(cfg.replace(split_mode=mode), s) for s in counts if s > 1
+                      for mode in SPLIT_MODES_WEIGHED]
     return pairs
 
 

@@ -56,9 +56,10 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
         for splits in SPLITS:
             if math.ceil(k / block_k) >= 2 * splits:
                 for mode in ("workspace", "serial"):
-                    space.append(GemmConfig(block_m=block_m, block_n=block_n,
-                                            block_k=block_k, split_k=splits,
-                                            split_mode=mode))
+                    cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
+                                     split_k=splits, split_mode=mode)
+                    if cfg not in space:
+                        space.append(cfg)
     return [cfg for cfg in space if cfg.stages <= MAX_STAGES]
 
 
