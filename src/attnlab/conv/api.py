@@ -98,6 +98,12 @@ IMPLICIT_BLOCK_K = 64
 #: and 128 x 256 tiles at 4 x 320 x 64^2 and 4 x 640 x 32^2, docs/conv.md). Not 128 x 256:
 #: with the bias its epilogue spills (4 values; ``attnlab audit --family conv``).
 CONV_TILES = ((128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
+#: A K step of the implicit GEMM against the GEMM's (ncu: 0.37 us a 64 x 64 step at 1 x 640 x
+#: 16^2 against 0.16 for the GEMM, docs/conv.md): the dispatch model's steps scaled by it.
+CONV_STEP_SCALE = 2.3
+#: Split counts the conv dispatch weighs: two slices beat one and four at every level whose
+#: tiles leave SMs idle (twenty-second session, H200, ``scripts/conv_candidates.py``).
+CONV_SPLITS = (1, 2)
 #: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
 #: must lie in [-16, 15] (the 5-D descriptor's range; the 4-D one we use allows more).
 IMPLICIT_CORNER = 16
@@ -272,7 +278,8 @@ class _ImplicitConv:
             self.label = f"implicit mma {config.block_m}x{config.block_n}x{config.block_k}"
         else:
             p = plan(self.pixels, k, r * s * c, info.multiprocessors, config, in_dtype=dtype,
-                     out_dtype=dtype, tiles=CONV_TILES)
+                     out_dtype=dtype, tiles=CONV_TILES, step_scale=CONV_STEP_SCALE,
+                     split_counts=CONV_SPLITS)
             self.split = "none" if p.splits == 1 else "serial"
             self.splits, self.num_ctas = p.splits, p.num_ctas
             self.counters = (math.ceil(self.pixels / p.config.block_m)

@@ -78,20 +78,21 @@ def step_cost(config: GemmConfig) -> float:
 
 
 def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
-              multiprocessors: int) -> float:
-    """The model's device time of ``config`` with ``splits`` slices (module docstring)."""
+              multiprocessors: int, step_scale: float = 1.0) -> float:
+    """The model's device time of ``config`` with ``splits`` slices (module docstring), its
+    steps ``step_scale`` times a GEMM's (the convolution's im2col loads are slower)."""
     tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
     k_tiles = math.ceil(k / config.block_k)
     waves = math.ceil(tiles * splits / multiprocessors)
-    return (waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US
+    return (waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US * step_scale
             + (SPLIT_US * (1 + splits) if splits > 1 else 0.0))
 
 
 def end_to_end_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
-                  multiprocessors: int) -> float:
+                  multiprocessors: int, step_scale: float = 1.0) -> float:
     """The later of the call's host and device sides."""
     host = HOST_US["none" if splits == 1 else config.split_mode]
-    return max(host, device_us(config, splits, m, n, k, multiprocessors))
+    return max(host, device_us(config, splits, m, n, k, multiprocessors, step_scale))
 
 
 def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
@@ -103,13 +104,15 @@ def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
 
 def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
                block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-               out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES
+               out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
+               split_counts: tuple[int, ...] = SPLIT_CANDIDATES
                ) -> list[tuple[GemmConfig, int]]:
     """``(config, splits)`` pairs the model weighs: the caller's config with every split
-    count, or every tile of ``tiles`` with K step ``block_k`` that is ``deep_enough`` for its
-    dtypes (module docstring); one slice only without ``allow_split``."""
+    count of ``split_counts``, or every tile of ``tiles`` with K step ``block_k`` that is
+    ``deep_enough`` for its dtypes (module docstring); one slice only without
+    ``allow_split``."""
     k_tiles = math.ceil(k / (config.block_k if config else block_k))
-    counts = [s for s in SPLIT_CANDIDATES
+    counts = [s for s in split_counts
               if s == 1 or (allow_split and k_tiles >= s * MIN_K_TILES_PER_SPLIT)]
     if config is not None:
         return [(config, s) for s in counts]
@@ -128,23 +131,25 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
 
 def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None = None,
          *, block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-         out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES) -> Plan:
+         out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
+         step_scale: float = 1.0, split_counts: tuple[int, ...] = SPLIT_CANDIDATES) -> Plan:
     """The plan of an ``m x n x k`` GEMM on a GPU of ``multiprocessors`` SMs. ``config``:
     the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile with K
     step ``block_k`` for ``in_dtype`` operands and an ``out_dtype`` C; ``allow_split=False``:
     one slice (INT8, whose int32 sums the split-K paths do not carry). ``tiles``: the
-    (block_m, block_n) tiles weighed, largest first."""
+    (block_m, block_n) tiles weighed, largest first; ``step_scale`` and ``split_counts``: a
+    caller whose K steps cost more (the convolution) and the split counts it weighs."""
     if config is not None and (config.split_k or not allow_split):
         cfg, splits = config, config.split_k if allow_split else 1
     else:
         pairs = candidates(m, n, k, multiprocessors, config, block_k, allow_split, in_dtype,
-                           out_dtype, tiles)
+                           out_dtype, tiles, split_counts)
         order = {tile: i for i, tile in enumerate(tiles)}
 
         def rank(pair: tuple[GemmConfig, int]) -> tuple:
             cfg, s = pair
-            return (round(end_to_end_us(cfg, s, m, n, k, multiprocessors), 1),
-                    round(device_us(cfg, s, m, n, k, multiprocessors), 1),
+            return (round(end_to_end_us(cfg, s, m, n, k, multiprocessors, step_scale), 1),
+                    round(device_us(cfg, s, m, n, k, multiprocessors, step_scale), 1),
                     order.get((cfg.block_m, cfg.block_n), 0), s)
 
         cfg, splits = min(pairs, key=rank)
