@@ -264,6 +264,12 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0
     assert ops["USETMAXREG"] == 2
+    if windowed:
+        # The band's elements selected by bits of a keep mask moved to predicates (R2P),
+        # not compared one by one: fewer compares in the kernel than a thread has elements
+        # in its two masked bodies (2 rows x B_c / 4 columns each; it was ~3 per element).
+        elements = 2 * 2 * cfg.block_n // 4
+        assert ops["R2P"] > 0 and ops["ISETP"] < elements
     assert not spills_between_mmas(parse(sass_text))
     resources = read_resources(art.cubin, sass_text)
     framed = windowed and cfg.dynamic_tiles and cfg.num_warps == 12 and head_dim in (32, 96)

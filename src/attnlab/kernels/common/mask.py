@@ -67,13 +67,58 @@ def phase_masked(windowed: bool, phase: int, reverse: bool = False) -> bool:
     return (masks[::-1] if reverse else masks)[phase]
 
 
+#: Columns per keep-mask word (``apply_mask``'s ``paired_columns`` path).
+MASK_WORD = 32
+
+
+@cute.jit
+def _element_count(limit, ncols: cutlass.Constexpr):
+    """How many of a thread's row elements lie left of column offset ``limit`` (relative to
+    its first element) when its columns come in pairs every 8: offsets 0, 1, 8, 9, 16, ..."""
+    rel = cutlass.max(limit, 0)
+    return cutlass.min(rel // 8 * 2 + cutlass.min(rel % 8, 2), ncols)
+
+
+@cute.jit
+def _keep_word(first, last, word: cutlass.Constexpr) -> cutlass.Uint32:
+    """Bits ``i`` of word ``word`` with ``first <= word * 32 + i < last`` (64-bit shifts: a
+    shift by 32 is defined there)."""
+    hi = cutlass.min(cutlass.max(last - word * MASK_WORD, 0), MASK_WORD)
+    lo = cutlass.min(cutlass.max(first - word * MASK_WORD, 0), MASK_WORD)
+    one = cutlass.Uint64(1)
+    below = (one << cutlass.Uint64(hi)) - one
+    under = (one << cutlass.Uint64(lo)) - one
+    return cutlass.Uint32(below & ~under)
+
+
 @cute.jit
 def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                col0: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
-               left: cutlass.Int32, right: cutlass.Int32, windowed: cutlass.Constexpr):
-    """Set masked scores of the tile to -inf (``tScS_mn``: local (row, col) of each element)."""
+               left: cutlass.Int32, right: cutlass.Int32, windowed: cutlass.Constexpr,
+               paired_columns: cutlass.Constexpr = False):
+    """Set masked scores of the tile to -inf (``tScS_mn``: local (row, col) of each element).
+
+    ``paired_columns``: a thread's columns are pairs every 8 (a ``wgmma`` accumulator): a
+    windowed row's band then becomes a keep mask per 32 elements (two shifts), and each
+    element costs one select on a bit of it (ptxas moves the bits to predicates with R2P),
+    where the compares cost two compares and two selects an element (FA4's R2P mask)."""
     s_mn = acc_mn_view(acc_S)
-    if cutlass.const_expr(not windowed):
+    if cutlass.const_expr(windowed and paired_columns):
+        base = row0 + seqlen_k - seqlen_q - col0
+        ncols = cute.size(s_mn, mode=[1])
+        first_col = tScS_mn[0, 0][1]
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            row = tScS_mn[r, 0][0]
+            hi = cutlass.min(base + row + right + 1, seqlen_k - col0)
+            first = _element_count(base + row - left - first_col, ncols)
+            last = _element_count(hi - first_col, ncols)
+            for word in cutlass.range_constexpr(cute.ceil_div(ncols, MASK_WORD)):
+                keep = _keep_word(first, last, word)
+                for i in cutlass.range_constexpr(min(MASK_WORD, ncols - word * MASK_WORD)):
+                    c = word * MASK_WORD + i
+                    kept = cutlass.Boolean(keep & (cutlass.Uint32(1) << i))
+                    s_mn[r, c] = s_mn[r, c] if kept else -cutlass.Float32.inf
+    elif cutlass.const_expr(not windowed):
         cols_left = seqlen_k - col0
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             if tScS_mn[0, c][1] >= cols_left:

@@ -515,7 +515,7 @@ class FlashForwardSm90(ForwardKernel):
         pipes[0].consumer_release(state)
         if cutlass.const_expr(masked):
             mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
-                            window_left, window_right, self.windowed)
+                            window_left, window_right, self.windowed, paired_columns=True)
         softmax.update(acc_S, acc_O)
         rP = cute.make_fragment_like(acc_S, self.dtype)
         self._convert_p(acc_S, rP)
@@ -553,7 +553,7 @@ class FlashForwardSm90(ForwardKernel):
         pipes[0].consumer_release(state)
         # Masked whatever its phase: any block may be the first.
         mask.apply_mask(acc_S, tScS_mn, row0, n_min * cfg.block_n, seqlen_q, seqlen_k,
-                        window_left, window_right, self.windowed)
+                        window_left, window_right, self.windowed, paired_columns=True)
         softmax.update(acc_S, acc_O, first=True)
         self._convert_p(acc_S, rP)
         if cutlass.const_expr(cfg.rescale_o_before_pv):
@@ -605,7 +605,7 @@ class FlashForwardSm90(ForwardKernel):
         pipes[0].consumer_release(state)
         if cutlass.const_expr(masked):
             mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
-                            window_left, window_right, self.windowed)
+                            window_left, window_right, self.windowed, paired_columns=True)
         softmax.step(acc_S, corrections)
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
