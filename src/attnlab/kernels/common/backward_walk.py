@@ -458,11 +458,8 @@ class BackwardKernel(AttentionKernel):
             for c in cutlass.range_constexpr(ncols):
                 lse[c] = sLSE[tScS_mn[0, c][1] + stats_shift, stage]
             if cutlass.const_expr(masked):
-                # wgmma's S^T gives a thread its query columns in pairs every 8: the keep-mask
-                # path (mask.apply_mask).
                 apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
-                                      window_left, window_right, self.windowed,
-                                      paired_columns=cfg.wgmma)
+                                      window_left, window_right, self.windowed)
             s_mn = acc_mn_view(acc_S)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for c in cutlass.range_constexpr(ncols):

@@ -166,11 +166,10 @@ def masked_query_bounds(key0, seqlen_q, seqlen_k, left, right, m_min, m_max,
 def apply_mask_transposed(acc_St: cute.Tensor, tScS_mn: cute.Tensor, key0: cutlass.Int32,
                           query0: cutlass.Int32, seqlen_q: cutlass.Int32,
                           seqlen_k: cutlass.Int32, left: cutlass.Int32, right: cutlass.Int32,
-                          windowed: cutlass.Constexpr, paired_columns: cutlass.Constexpr = False):
+                          windowed: cutlass.Constexpr):
     """:func:`apply_mask` on S^T (``tScS_mn``: local (key, query) of each element), and the
     keys past Sk."""
-    apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed,
-               paired_columns)
+    apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed)
     s_mn = acc_mn_view(acc_St)
     keys_left = seqlen_k - key0
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
