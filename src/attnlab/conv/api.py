@@ -20,7 +20,7 @@ import torch
 from attnlab import device, kernel_cache
 from attnlab.counters import tile_counters
 from attnlab.gemm import matmul
-from attnlab.gemm.api import refuse_autograd
+from attnlab.gemm.api import refuse_autograd, split_partials
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec, output_size
@@ -302,9 +302,7 @@ class _ImplicitConv:
         c = out.view(self.pixels, k)
         workspace = counters = None
         if self.split == "serial":
-            # The slices' partials, kept per stream (the last slice reads them in-kernel).
-            workspace = device.per_stream(self._scratch, x.device, lambda: torch.empty(
-                (self.splits, self.pixels, k), dtype=torch.float32, device=x.device))
+            workspace = split_partials(self._scratch, x.device, (self.splits, self.pixels, k))
             counters = tile_counters(x.device, self.counters)
         fused = None if bias is None or self.bias_after else bias.to(self.dtype)
         self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,

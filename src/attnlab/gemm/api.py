@@ -213,16 +213,20 @@ class _GemmCall:
         self.reduce(partials, c)
         return c
 
-
     def _partials(self, a: torch.Tensor) -> torch.Tensor:
-        """The K slices' fp32 partials: kept per stream (``device.per_stream``; the slices'
-        meeting or the reduce reads them within the call) up to ``SCRATCH_BYTES``, larger
-        ones allocated per call (their GEMMs take far longer than an allocation)."""
-        shape = (self.plan.splits, self.m, self.n)
-        if 4 * math.prod(shape) > SCRATCH_BYTES:
-            return torch.empty(shape, dtype=torch.float32, device=a.device)
-        return device.per_stream(self._scratch, a.device, lambda: torch.empty(
-            shape, dtype=torch.float32, device=a.device))
+        return split_partials(self._scratch, a.device, (self.plan.splits, self.m, self.n))
+
+
+def split_partials(cache: dict[int, torch.Tensor], dev: torch.device,
+                   shape: tuple[int, ...]) -> torch.Tensor:
+    """The K slices' fp32 partials of a split GEMM or convolution: kept in ``cache`` per
+    stream (``device.per_stream``; the slices' meeting or the reduce reads them within the
+    call) up to ``SCRATCH_BYTES``, larger ones allocated per call (their GEMMs take far longer
+    than an allocation)."""
+    if 4 * math.prod(shape) > SCRATCH_BYTES:
+        return torch.empty(shape, dtype=torch.float32, device=dev)
+    return device.per_stream(cache, dev, lambda: torch.empty(shape, dtype=torch.float32,
+                                                             device=dev))
 
 
 def tuned(info: device.DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int
