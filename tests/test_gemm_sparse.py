@@ -1,7 +1,8 @@
 """2:4 structured-sparse A (``attnlab.gemm.sparse``, issue 22) without a GPU: the format (prune,
 compress, decompress and their errors), the call's refusals, the spec's rules, and the kernel
 cross-compiled for sm_80 and sm_90a (``mma.sp`` by inline PTX: CuTe DSL 4.8.1's sparse warp
-atom does not build)."""
+atom does not build), and the sm_90a ``wgmma`` kernel's (``wgmma.mma_async.sp``, inline PTX on
+the dense MMA's shared-memory descriptors)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from attnlab.config import ConfigError
 from attnlab.gemm import GemmConfig, Sparse24, compress_2_4, prune_2_4, sparse_matmul
-from attnlab.gemm.sparse import PAD_META, SPARSE_CONFIG, decompress
+from attnlab.gemm.sparse import PAD_META, SPARSE_CONFIG, SPARSE_WGMMA_CONFIG, decompress
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import GemmSpec
 
@@ -78,11 +79,62 @@ def test_sparse_matmul_refuses_bad_calls():
 
 def test_the_sparse_spec_takes_the_mma_sync_kernel_at_k_step_64():
     GemmSpec(SPARSE_CONFIG, "sm_80", "float16", "float16", "k", "k", sparse=True)
-    for config, dtype in ((GemmConfig(), "float16"), (MmaGemmConfig(), "float16"),
+    for config, dtype in ((MmaGemmConfig(), "float16"),
                           (SPARSE_CONFIG.replace(async_copy=False, stages=1), "float16"),
                           (SPARSE_CONFIG, "int8")):
         with pytest.raises(ConfigError, match="2:4 sparse A"):
             GemmSpec(config, "sm_80", dtype, dtype, "k", "k", sparse=True)
+
+
+def test_the_sparse_spec_on_the_wgmma_kernel_takes_k_major_16_bit_a_at_64_or_128():
+    """A's kept halves reach ``wgmma.mma_async.sp`` K-major, a 32-deep step pair a stage; B
+    either way. With half of A's bytes a stage the ring is one stage deeper."""
+    for bk, b_major in ((64, "n"), (128, "k")):
+        GemmSpec(SPARSE_WGMMA_CONFIG.replace(block_k=bk), "sm_90a", "bfloat16", "bfloat16",
+                 "k", b_major, sparse=True)
+    for config, dtype, a_major in ((GemmConfig(block_k=32), "float16", "k"),
+                                   (GemmConfig(), "float16", "m"), (GemmConfig(), "int8", "k")):
+        with pytest.raises(ConfigError, match="2:4 sparse A"):
+            GemmSpec(config, "sm_90a", dtype, dtype, a_major, "n", sparse=True)
+    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 4
+    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16") == 3
+
+
+def test_a_gemm_config_is_the_sm90_kernels():
+    s = compress_2_4(prune_2_4(torch.randn(8, 32, dtype=torch.float16)))
+    b = torch.randn(32, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="CUDA device"):
+        sparse_matmul(s, b, config=GemmConfig())
+
+
+@pytest.mark.parametrize("block_k", [64, 128])
+@pytest.mark.parametrize("b_major", ["n", "k"])
+def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path):
+    """Per K tile a consumer warpgroup issues one ``HGMMA.SP.64x256x32`` per 32-deep step (the
+    first tile's and the loop's: 2 x block_k / 32 in the binary) and no dense GMMA, B
+    transposed (``tnspB``) when it is N-major; each step's metadata word is two 16-bit loads
+    (rows g and g + 8); one wait a K tile (one stage in flight: the metadata registers), none
+    after each MMA; no instruction writes the metadata register of an MMA in flight
+    (``retire_words``; the checker finds nine such writes in the build that replaced the
+    words by plain moves, which failed on the GPU past the first K tile); nothing spills."""
+    from attnlab.analysis.resources import read_resources
+    from attnlab.analysis.sass import disassemble, histogram, parse, sparse_metadata_hazards
+    from attnlab.jit import compile_spec, dumped_binary
+
+    compile_spec(GemmSpec(SPARSE_WGMMA_CONFIG.replace(block_k=block_k), "sm_90a", "bfloat16",
+                          "bfloat16", "k", b_major, sparse=True), tmp_path)
+    cubin = dumped_binary(tmp_path)[0]
+    sass = disassemble(cubin)
+    ops = histogram(parse(sass))
+    lines = [line for line in sass.splitlines() if "GMMA" in line]
+    steps = block_k // 32
+    assert len(lines) == 2 * steps, lines
+    assert all("HGMMA.SP.64x256x32.F32.BF16" in line for line in lines), lines
+    assert all(("tnspB" in line) == (b_major == "n") for line in lines), lines
+    assert ops["LDG"] == 2 * 2 * steps, ops["LDG"]
+    assert sass.count("WARPGROUP.DEPBAR") == 2, sass.count("WARPGROUP.DEPBAR")
+    assert not sparse_metadata_hazards(sass)
+    assert not read_resources(cubin, sass).spills
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -158,3 +210,29 @@ def test_sass_takes_the_mma_sync_forms_by_name():
     opcodes = [set(k["sass"]["opcodes"]) for k in json.loads(result.output)["kernels"]]
     assert "HMMA" in opcodes[0] and "IMMA" not in opcodes[0], opcodes
     assert "IMMA" in opcodes[1] and "HMMA" not in opcodes[1], opcodes
+
+
+def test_the_hazard_walk_follows_the_loop_back_edge():
+    """A load at the top of a loop body into the metadata register of the sparse MMA at its
+    bottom is a hazard (the MMA of the previous trip is in flight); after the wait it is not."""
+    from attnlab.analysis.sass import sparse_metadata_hazards
+
+    loop = [".L_x_1:", "LDG.E.U16 R152, desc[UR4][R2.64]",
+            "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+            "HGMMA.SP.64x256x32.F32.BF16 R24, gdesc[UR12], R24, R152, 0x0, gsb0",
+            "@P0 BRA `(.L_x_1)", "EXIT"]
+
+    def sass(lines):
+        out, i = [], 0
+        for line in lines:
+            if line.endswith(":"):
+                out.append(line)
+            else:
+                out.append(f"        /*{16 * i:04x}*/                   {line} ;")
+                i += 1
+        return "\n".join(out)
+
+    hazards = sparse_metadata_hazards(sass(loop))
+    assert [h.opcode for h in hazards] == ["LDG.E.U16"]
+    safe = [loop[0], loop[2], loop[1], *loop[3:]]
+    assert not sparse_metadata_hazards(sass(safe))

@@ -117,23 +117,27 @@ class GemmConfig:
 
         return CONSUMER_REGS[self.num_consumers]
 
-    def stage_bytes(self, in_dtype: str = "bfloat16") -> int:
-        """Bytes of one A and B stage of ``in_dtype`` operands."""
-        return (self.block_m + self.block_n) * self.block_k * element_bytes(in_dtype)
+    def stage_bytes(self, in_dtype: str = "bfloat16", sparse: bool = False) -> int:
+        """Bytes of one A and B stage of ``in_dtype`` operands (A 2:4 sparse: its kept
+        halves)."""
+        a_rows = self.block_m // 2 if sparse else self.block_m
+        return (a_rows + self.block_n) * self.block_k * element_bytes(in_dtype)
 
     def epilogue_bytes(self, out_dtype: str) -> int:
         """Bytes of the C tile staged for its TMA store."""
         return self.block_m * self.block_n * element_bytes(out_dtype)
 
-    def ring_stages(self, arch: str, out_dtype: str, in_dtype: str = "bfloat16") -> int:
-        """The ring's depth on ``arch`` for ``in_dtype`` operands when the tile leaves as
-        ``out_dtype``: ``stages``, or as many as fit (at most ``MAX_STAGES``).
+    def ring_stages(self, arch: str, out_dtype: str, in_dtype: str = "bfloat16",
+                    sparse: bool = False) -> int:
+        """The ring's depth on ``arch`` for ``in_dtype`` operands (A 2:4 sparse: its kept
+        halves) when the tile leaves as ``out_dtype``: ``stages``, or as many as fit (at most
+        ``MAX_STAGES``).
 
         Raises:
             ConfigError: fewer than two stages fit.
         """
         room = SMEM_CAPACITY[arch] - BARRIER_BYTES - self.epilogue_bytes(out_dtype)
-        fit = room // self.stage_bytes(in_dtype)
+        fit = room // self.stage_bytes(in_dtype, sparse)
         stages = self.stages or min(fit, MAX_STAGES)
         if stages < 2 or stages > fit:
             raise ConfigError(

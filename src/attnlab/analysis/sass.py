@@ -259,6 +259,46 @@ def _fed_operand(writes: list[set[int]], reads: list[dict[str, set[int]]],
     return None
 
 
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):\s*$\s*/\*([0-9a-f]+)\*/", re.M)
+_BRANCH_TARGET = re.compile(r"\((\.L_x_\d+)\)")
+
+
+def sparse_metadata_hazards(sass_text: str) -> list[Instruction]:
+    """Instructions that write the metadata register of an ``HGMMA.SP`` still in flight (issued
+    and not yet waited for by a ``WARPGROUP.DEPBAR.LE gsb0, 0x0``).
+
+    The sparse ``wgmma`` reads that register after it issues, and ptxas does not hold it for
+    the MMA (``kernels/gemm/ptx_mma.retire_words``). The walk goes through the code in address
+    order, then once more around each loop (from a backward branch's target to the branch,
+    in flight what was at the branch), so a write at the top of a loop body to the register
+    of the MMA at its bottom is found; a wait for fewer than all groups (``0x1``) retires
+    nothing here (the walk does not track groups).
+    """
+    instructions = parse(sass_text)
+    position = {ins.address: i for i, ins in enumerate(instructions)}
+    labels = {m[1]: position[int(m[2], 16)] for m in _LABEL.finditer(sass_text)}
+    hazards: dict[int, Instruction] = {}
+
+    def walk(first: int, last: int, in_flight: set[int]) -> list[set[int]]:
+        states = []
+        for ins in instructions[first:last + 1]:
+            if ins.opcode.startswith("WARPGROUP.DEPBAR") and ins.operands.endswith("0x0"):
+                in_flight = set()
+            if written_registers(ins) & in_flight:
+                hazards[ins.address] = ins
+            if ins.opcode.startswith("HGMMA.SP"):
+                in_flight = in_flight | _register_span(ins.operand_list[3], 1)
+            states.append(in_flight)
+        return states
+
+    states = walk(0, len(instructions) - 1, set())
+    for i, ins in enumerate(instructions):
+        target = _BRANCH_TARGET.search(ins.operands) if ins.base == "BRA" else None
+        if target and labels.get(target[1], i + 1) <= i:
+            walk(labels[target[1]], i, states[i])
+    return sorted(hazards.values(), key=lambda ins: ins.address)
+
+
 @dataclass(frozen=True)
 class CopyFeedingHmma:
     """A MOV / IMAD.MOV.U32 whose destination an HMMA reads before it is overwritten."""

@@ -147,9 +147,11 @@ def _semi_structured(a: torch.Tensor) -> object | None:
 
 def sparse_impls() -> dict[str, Callable]:
     """On one pruned A: ``cublas`` and ``attnlab`` (``matmul``, the wgmma kernel) on it dense,
-    ``dense_mma_sync`` (the sparse kernel's own tile and ring with dense MMAs), ``sparse24``
-    (``sparse_matmul``), ``torch_semi_structured`` (``torch.mm`` of torch's form), and the
-    other ``mma.sync`` library form, ``online_int8`` (``online_int8_matmul``, dense A)."""
+    ``sparse24`` (``sparse_matmul``: on sm_90 the ``wgmma.mma_async.sp`` kernel),
+    ``torch_semi_structured`` (``torch.mm`` of torch's form), and the ``mma.sync`` forms:
+    ``dense_mma_sync`` (the ``mma.sp`` kernel's own tile and ring with dense MMAs),
+    ``sparse24_mma_sync`` (``mma.sp``) and ``online_int8`` (``online_int8_matmul``, dense
+    A)."""
     from attnlab.gemm import matmul, online_int8_matmul, sparse_matmul
     from attnlab.gemm.ladder import ladder_matmul
     from attnlab.gemm.sparse import SPARSE_CONFIG
@@ -163,6 +165,8 @@ def sparse_impls() -> dict[str, Callable]:
             "attnlab": lambda a, sparse, semi, b: matmul(a, b),
             "dense_mma_sync": lambda a, sparse, semi, b: ladder_matmul(a, b, SPARSE_CONFIG),
             "sparse24": lambda a, sparse, semi, b: sparse_matmul(sparse, b),
+            "sparse24_mma_sync": lambda a, sparse, semi, b: sparse_matmul(
+                sparse, b, config=SPARSE_CONFIG),
             "torch_semi_structured": semi_structured,
             "online_int8": lambda a, sparse, semi, b: online_int8_matmul(a, b)}
 

@@ -110,7 +110,7 @@ def bench_sparse(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
     table = Table(title=f"attnlab bench --family sparse on {info.name}: TFLOP/s of the dense "
                         "product end to end (device only), one pruned A; 2:4 sparse over the "
                         "dense kernels in the same run", title_justify="left")
-    for column in ("shape", "dtype", *impls, "/ attnlab", "/ dense_mma_sync"):
+    for column in ("shape", "dtype", *impls, "/ attnlab", "/ cublas"):
         table.add_column(column, justify="left" if column == "shape" else "right")
     for point in points:
         mine = {r.impl: r for r in results if r.point == point}
@@ -119,7 +119,7 @@ def bench_sparse(shapes: str | None, dtypes: str, runs: int, out: Path) -> None:
         sparse = mine["sparse24"]
         ratios = [f"{sparse.tflops / mine[peer].tflops:.2f}x"
                   if sparse.tflops and mine[peer].tflops else "-"
-                  for peer in ("attnlab", "dense_mma_sync")]
+                  for peer in ("attnlab", "cublas")]
         table.add_row(point.label(), point.dtype, *cells, *ratios)
     console.print(table)
     path = out / "sparse.json"

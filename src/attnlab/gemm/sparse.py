@@ -8,33 +8,42 @@ each group, in order (``values [M, K / 2]``), and their positions (``meta``, int
 ``meta[:, g // 4]``, its low two bits the first kept position, its high two bits the second
 (first < second: an all-zero or one-non-zero group keeps zeros in its free places).
 
-``sparse_matmul(a, b)`` is ``A @ b`` on the tensor cores' sparse MMA (``mma.sp``): half of A's
-bytes and half of the MMA instructions of the dense product (``kernels/gemm/sm80.py``, the
-``mma.sync`` HGEMM with ``GemmSpec.sparse``). Shapes that are not whole tiles are padded with
-zeros (which keep the 2:4 pattern) and the result sliced.
+``sparse_matmul(a, b)`` is ``A @ b`` on the tensor cores' sparse MMA: half of A's bytes and
+half of the MMA instructions of the dense product. On sm_90 that is the warpgroup HGEMM with
+``wgmma.mma_async.sp`` (``kernels/gemm/sm90.py`` with ``GemmSpec.sparse``: TMA tails, B in
+either layout); elsewhere the ``mma.sync`` HGEMM with ``mma.sp`` (``kernels/gemm/sm80.py``),
+whose operands are padded with zeros (which keep the 2:4 pattern) to whole tiles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.gemm.api import refuse_autograd
+from attnlab import device, kernel_cache
+from attnlab.config import ConfigError
+from attnlab.gemm.api import GEMM_ARCHS, NO_EPILOGUE, operand_major, refuse_autograd
 from attnlab.gemm.mma_sync import arch_of, check_b, k_major, run_tiles, tiles
-from attnlab.gemm_config import MmaGemmConfig
-from attnlab.kernels.gemm.abi import SPARSE_BLOCK_K, GemmSpec
+from attnlab.gemm_config import GemmConfig, MmaGemmConfig
+from attnlab.kernels.gemm.abi import (
+    GEMM_ALIGN_BYTES,
+    META_COLUMNS,
+    PAD_META,
+    SPARSE_BLOCK_K,
+    GemmSpec,
+)
 
 #: The sparse kernel's default tile: the ladder's best ``mma.sync`` tile (g07x: 128 x 256, XOR
 #: swizzle) at a 64-deep K step, on 8 warps of 64 x 64: 16 warps cap a thread at 128
 #: registers, where the metadata words push the build into 4 spill stores (cross-compiled).
 SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, warps_n=4,
                               swizzle="xor")
-#: Columns of A one metadata word covers: four groups of four.
-META_COLUMNS = 16
-#: The metadata word of padding: every group keeps positions 0 and 1 (zeros there).
-PAD_META = 0x4444
+#: The sm_90 kernel's tile for 2:4 sparse A: the dense HGEMM's 128 x 256 at a 64-deep K step
+#: (with half of A's bytes a stage, four ring stages fit beside C's tile, against three dense).
+SPARSE_WGMMA_CONFIG = GemmConfig()
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -118,16 +127,21 @@ def decompress(s: Sparse24) -> torch.Tensor:
     return groups.reshape(m, -1)[:, :s.k]
 
 
-def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None = None
-                  ) -> torch.Tensor:
+def sparse_matmul(a: Sparse24, b: torch.Tensor, *,
+                  config: GemmConfig | MmaGemmConfig | None = None) -> torch.Tensor:
     """``A @ b`` for a 2:4 sparse ``A`` (``compress_2_4``), fp32 accumulation, in A's dtype.
+
+    On sm_90 the ``wgmma`` kernel (``kernels/gemm/sm90.py``, ``wgmma.mma_async.sp``) takes
+    ``b`` as it is where the TMA unit can read it (one unit-stride mode, the other's stride and
+    ``N`` multiples of 16 bytes); elsewhere, or with an ``MmaGemmConfig``, the ``mma.sync``
+    kernel (``mma.sp``) takes copies padded to whole tiles.
 
     Args:
         a: ``Sparse24`` of ``[M, K]`` on an sm80+ GPU.
-        b: ``[K, N]`` in A's dtype and device (any strides: it is copied K-major, as a
-            transposed ``[N, K]`` weight, and padded to whole tiles).
-        config: the ``mma.sync`` tile (``block_k`` 64, tiles in shared memory by ``cp.async``
-            and ``ldmatrix``); default ``SPARSE_CONFIG``.
+        b: ``[K, N]`` in A's dtype and device.
+        config: a ``GemmConfig`` (the sm_90 kernel's tile; default ``SPARSE_WGMMA_CONFIG``)
+            or an ``MmaGemmConfig`` (the ``mma.sync`` tile: ``block_k`` 64, tiles in shared
+            memory by ``cp.async`` and ``ldmatrix``; default ``SPARSE_CONFIG``).
 
     Returns:
         ``[M, N]``, contiguous.
@@ -135,8 +149,9 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     Raises:
         RuntimeError: an input requires grad (no backward pass).
         TypeError: ``a`` not a ``Sparse24``, ``b`` not a tensor, dtypes that differ.
-        ValueError: shapes that do not multiply, tensors on other devices or not on a GPU.
-        ConfigError: a config the sparse kernel cannot build.
+        ValueError: shapes that do not multiply, tensors on other devices or not on a GPU, a
+            ``GemmConfig`` for operands the TMA unit cannot read.
+        ConfigError: a config the sparse kernel cannot build, a ``GemmConfig`` off sm_90.
     """
     if not isinstance(a, Sparse24):
         raise TypeError(f"a must be a Sparse24 (attnlab.gemm.sparse.compress_2_4), got "
@@ -144,10 +159,22 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     refuse_autograd(a.values, b)
     check_b(b, "A", a.dtype, a.device, a.k)
     m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0 or a.k == 0:
+        return torch.zeros((m, n), dtype=a.dtype, device=a.device)
+    arch = arch_of(a.values, "sparse_matmul")
+    dtype = str(a.dtype).removeprefix("torch.")
+    if not isinstance(config, MmaGemmConfig):
+        if arch not in GEMM_ARCHS:
+            if config is not None:
+                raise ConfigError(f"a GemmConfig is the sm_90 kernel's; this GPU is {arch}")
+        else:
+            c = _sparse_wgmma(a, b, config or SPARSE_WGMMA_CONFIG, arch, dtype,
+                              strict=config is not None)
+            if c is not None:
+                return c
+        config = None
     config = SPARSE_CONFIG if config is None else config
-    spec = GemmSpec(config, arch_of(a.values, "sparse_matmul"),
-                    str(a.dtype).removeprefix("torch."),
-                    str(a.dtype).removeprefix("torch."), "k", "k", sparse=True)
+    spec = GemmSpec(config, arch, dtype, dtype, "k", "k", sparse=True)
     rows, k_tiles = tiles(m, config.block_m), tiles(a.meta.shape[1] * META_COLUMNS,
                                                    config.block_k)
     values = k_major(a.values, rows, k_tiles // 2)
@@ -155,3 +182,27 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *, config: MmaGemmConfig | None 
     meta = k_major(a.meta, rows, k_tiles // META_COLUMNS, value=PAD_META, align=2)
     b_t = k_major(b.t(), tiles(n, config.block_n), k_tiles)
     return run_tiles(spec, values, b_t, meta, m, n)
+
+
+def _sparse_wgmma(a: Sparse24, b: torch.Tensor, config: GemmConfig, arch: str, dtype: str,
+                  strict: bool) -> torch.Tensor | None:
+    """The sm_90 kernel's product, one persistent CTA per SM at most; None where the TMA unit
+    cannot read ``b`` or write C in place (unless ``strict``: then ValueError)."""
+    m, n = a.shape[0], b.shape[1]
+    try:
+        b_major, b = operand_major("b", b, ("k", "n"))
+        if n * b.element_size() % GEMM_ALIGN_BYTES or (
+                (a.values.data_ptr() | b.data_ptr()) % GEMM_ALIGN_BYTES):
+            raise ValueError(f"C's rows ({n} columns) and the operands' data must be multiples "
+                             f"of {GEMM_ALIGN_BYTES} bytes for the TMA unit")
+    except ValueError:
+        if strict:
+            raise
+        return None
+    spec = GemmSpec(config, arch, dtype, dtype, "k", b_major, sparse=True)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    output_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+    num_ctas = min(output_tiles, device.info(a.device).multiprocessors)
+    kernel_cache.get(spec).fn(a.values, b, c, None, None, *NO_EPILOGUE[:4], a.meta, 1,
+                              num_ctas)
+    return c

@@ -30,6 +30,13 @@ GEMM_ALIGN_BYTES = 16
 #: The K step of 2:4 sparse and online INT8 tiles: A's kept halves, or an int8 tile read as
 #: 16-bit pairs, then fill 32 columns, one swizzle atom.
 SPARSE_BLOCK_K = 64
+#: The logical K of one sparse MMA (``mma.sp`` m16n8k32, ``wgmma.mma_async.sp`` m64nNk32):
+#: one compressed 16-column block of A's kept halves against 32 rows of B.
+SPARSE_MMA_K = 32
+#: A's columns one 16-bit metadata word covers (four groups of four).
+META_COLUMNS = 16
+#: A 16-bit metadata word of padding: every group of four keeps positions 0 and 1 (zeros).
+PAD_META = 0x4444
 
 
 def binary_config(config: GemmConfig | MmaGemmConfig) -> GemmConfig | MmaGemmConfig:
@@ -62,8 +69,9 @@ class GemmSpec(FlatSpec):
         bias: the epilogue adds ``bias[j]`` to column ``j`` (in fp32, before C's rounding;
             the sm_90a kernel without split-K or with the serial split).
         sparse: A is 2:4 structured-sparse (``attnlab.gemm.sparse``): its kept halves
-            ``[M, K / 2]`` and their metadata; the ``mma.sync`` kernel with ``mma.sp``, K step
-            64, tiles in shared memory by ``cp.async`` and ``ldmatrix``.
+            ``[M, K / 2]`` (K-major) and their metadata; the sm_90a kernel with
+            ``wgmma.mma_async.sp`` (``block_k`` 64 or 128), or the ``mma.sync`` kernel with
+            ``mma.sp``, K step 64, tiles in shared memory by ``cp.async`` and ``ldmatrix``.
         online_int8: fp16/bf16 A and B quantized to int8 per K tile in shared memory (a scale
             per row of A and per column of B and K tile), multiplied by s8 MMAs, each tile's
             int32 sums scaled into an fp32 accumulator (``attnlab.gemm.online``); the same
@@ -90,8 +98,13 @@ class GemmSpec(FlatSpec):
                               f"tile: split \"none\" or \"serial\", not {self.split!r}")
         if self.sparse and self.online_int8:
             raise ConfigError("sparse and online_int8 are separate kernels; pick one")
-        for flag, what in ((self.sparse, "2:4 sparse A"), (self.online_int8, "online INT8")):
-            cfg = self.config
+        cfg = self.config
+        mma_sync_only = [(self.online_int8, "online INT8")]
+        if isinstance(cfg, GemmConfig) and self.sparse:
+            self._check_sparse_wgmma()
+        else:
+            mma_sync_only.append((self.sparse, "2:4 sparse A"))
+        for flag, what in mma_sync_only:
             if not flag:
                 continue
             if not isinstance(cfg, MmaGemmConfig) or self.dtype not in ("float16", "bfloat16"):
@@ -101,6 +114,18 @@ class GemmSpec(FlatSpec):
                 raise ConfigError(f"{what} needs block_k={SPARSE_BLOCK_K} (two 32-deep MMA "
                                   f"steps a tile) and its tiles in shared memory by cp.async "
                                   f"and ldmatrix; got {cfg.label()}")
+
+    def _check_sparse_wgmma(self) -> None:
+        """2:4 sparse A on the sm_90a kernel: 16-bit, K-major kept halves, 32-deep steps."""
+        if self.dtype not in ("float16", "bfloat16") or self.a_major != "k":
+            raise ConfigError(f"2:4 sparse A on the wgmma kernel is K-major fp16/bf16, got "
+                              f"{self.a_major}-major {self.dtype}")
+        if self.config.block_k % (2 * SPARSE_MMA_K):
+            raise ConfigError(f"2:4 sparse A on the wgmma kernel needs block_k 64 or 128 (a "
+                              f"16-byte-wide stage of kept halves per 32-deep step pair), got "
+                              f"{self.config.block_k}")
+        if self.dequant != "none":
+            raise ConfigError("2:4 sparse A has no INT8 epilogue")
 
     def variant(self) -> str:
         split = "" if self.split == "none" else f"_{self.split}"

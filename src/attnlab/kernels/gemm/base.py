@@ -1,12 +1,13 @@
-"""What both GEMM kernel classes share: the spec and its element types, and the launch's
-``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once)."""
+"""What both GEMM kernel classes share: the spec and its element types, the launch's
+``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once), and the
+2:4 sparse MMAs' metadata words."""
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.common.tensors import element_type
-from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
+from attnlab.kernels.gemm.abi import PAD_META, GemmArgs, GemmSpec
 
 
 class GemmKernel:
@@ -18,6 +19,8 @@ class GemmKernel:
         self.cfg = spec.config
         self.dtype = element_type(spec.dtype)
         self.out_dtype = element_type(spec.out_dtype)
+        #: Columns of A's K tiles: its kept halves only when A is 2:4 sparse.
+        self.a_block_k = self.cfg.block_k // 2 if spec.sparse else self.cfg.block_k
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,
@@ -33,3 +36,20 @@ class GemmKernel:
     def launch(self, t: GemmArgs, stream: cuda.CUstream):
         """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
         raise NotImplementedError
+
+
+@cute.jit
+def metadata_word(meta: cute.Tensor, row, col) -> cutlass.Int32:
+    """The 32-bit metadata word one thread hands a sparse MMA (selector 0): the 16-bit groups
+    of A's rows ``row`` (low half) and ``row + 8`` (high half) at metadata column ``col`` (A's
+    columns ``16 col .. 16 col + 15``); rows and columns past ``meta`` read as padding (their
+    values are zeros)."""
+    rows, cols = meta.shape
+    low = cutlass.Int32(PAD_META)
+    high = cutlass.Int32(PAD_META)
+    if col < cols:
+        if row < rows:
+            low = cutlass.Int32(meta[row, col]) & 0xFFFF
+        if row + 8 < rows:
+            high = cutlass.Int32(meta[row + 8, col]) & 0xFFFF
+    return low | (high << 16)

@@ -1,6 +1,7 @@
-"""Tensor-core instructions CuTe DSL 4.8.1 has no warp-level atom for, as inline PTX on the
-fragments of the dense m16n8k16 tiled MMA (``kernels/gemm/sm80.py``), the rounding and
-packing the online INT8 quantization needs, and the byte sums of INT8's zero-point term.
+"""Tensor-core instructions CuTe DSL 4.8.1 has no atom for, as inline PTX on the fragments of
+the dense m16n8k16 tiled MMA (``kernels/gemm/sm80.py``) or on the shared-memory descriptors of
+the dense warpgroup MMA (``kernels/gemm/sm90.py``), the rounding and packing the online INT8
+quantization needs, and the byte sums of INT8's zero-point term.
 
 Both MMAs take operands whose thread layout is the dense 16-bit one: ``mma.sp`` m16n8k32's
 compressed A is the dense A fragment of the kept halves and its B two dense k16 B fragments;
@@ -10,6 +11,7 @@ g + 8), the order CuTe's accumulator fragments hold them in.
 """
 
 import cutlass
+import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
@@ -28,6 +30,48 @@ def mma_sp_16832(a: list, b: list, c: list, e, ptx_dtype: str) -> list:
              "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9,$10,$11}, {$12,$13,$14,$15}, $16, 0x0;",
              T.f32, 4, [*a, *b, *c, e], "=f,=f,=f,=f,r,r,r,r,r,r,r,r,0,1,2,3,r")
     return [cutlass.Float32(x) for x in d]
+
+
+def wgmma_sp(acc: list, desc_a, desc_b, meta, n: int, ptx_dtype: str, b_mn_major: bool
+             ) -> list:
+    """``acc += A B`` for one 2:4 sparse m64 x ``n`` x k32 warpgroup MMA (``wgmma.mma_async.sp``,
+    sparsity selector 0), issued and not waited for (the caller fences, commits and waits as
+    for the dense ``wgmma``): ``acc`` the thread's ``n / 2`` fp32 accumulators in the dense
+    wgmma's order, ``desc_a`` the shared-memory descriptor of the kept halves' 64 x 16 block
+    (K-major), ``desc_b`` B's 32-deep block's, ``meta`` the thread's metadata word; returns
+    the accumulators. Side-effecting, so that it stays between the fence and the commit."""
+    regs = len(acc)
+    d = ",".join(f"${i}" for i in range(regs))
+    a, b, e, scale = (f"${2 * regs + i}" for i in range(4))
+    ptx = ("{ .reg .pred p; setp.ne.b32 p, " + scale + ", 0;\n"
+           f"wgmma.mma_async.sp.sync.aligned.m64n{n}k32.f32.{ptx_dtype}.{ptx_dtype} "
+           f"{{{d}}}, {a}, {b}, {e}, 0, p, 1, 1, 0, {int(b_mn_major)}; }}")
+    constraints = ",".join(["=f"] * regs + [str(i) for i in range(regs)]
+                           + ["l", "l", "r", "r"])
+    operands = [cutlass.Float32(x).ir_value() for x in acc] + [
+        cutlass.Int64(desc_a).ir_value(), cutlass.Int64(desc_b).ir_value(),
+        cutlass.Int32(meta).ir_value(), cutlass.Int32(1).ir_value()]
+    result = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * regs), operands, ptx,
+                             constraints, has_side_effects=True)
+    return [cutlass.Float32(llvm.extractvalue(T.f32(), result, [i])) for i in range(regs)]
+
+
+def retire_words(words: cute.Tensor, zero, loaded: cute.Tensor | None = None) -> None:
+    """After the wait for the MMAs that read ``words`` (``wgmma.mma_async.sp``'s metadata
+    registers): replace them by ``loaded`` (or keep them), as ``loaded | (words & zero)``.
+
+    The sparse ``wgmma`` reads its metadata register after it issues, and ptxas does not count
+    that register as in flight: to ptxas a word is dead once its MMA has issued, so a load
+    issued under the MMA may take its register (measured: wrong sums past the first K tile).
+    Reading each word here, against a runtime zero ptxas cannot fold (``zero``: ``%ctaid.z``
+    of a one-dimensional grid), keeps it live, so in its register, until after the wait;
+    ``analysis.sass.sparse_metadata_hazards`` checks the binary."""
+    for i in range(cute.size(words)):
+        new = words[i] if loaded is None else loaded[i]
+        words[i] = cutlass.Int32(llvm.inline_asm(
+            T.i32(), [cutlass.Int32(x).ir_value() for x in (new, words[i], zero)],
+            "{ .reg .b32 t; and.b32 t, $2, $3; or.b32 $0, $1, t; }", "=r,r,r,r",
+            has_side_effects=True))
 
 
 def mma_s8_16832(a: list, b: list, c: list) -> list:

@@ -41,15 +41,13 @@ from cutlass.cute.nvgpu import cpasync, warp
 from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.epilogue import store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, row_copy, smem_tile_layout
-from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
-from attnlab.kernels.gemm.base import GemmKernel
+from attnlab.kernels.gemm.abi import META_COLUMNS, SPARSE_MMA_K, GemmArgs, GemmSpec
+from attnlab.kernels.gemm.base import GemmKernel, metadata_word
 from attnlab.kernels.gemm.online_int8 import online_int8_mmas
 from attnlab.kernels.gemm.ptx_mma import mma_sp_16832
 
 #: m16n8k16: the MMA's shape; a tiled MMA's N is 16 so one ldmatrix.x4 feeds two n8 MMAs.
 MMA_SHAPE = (16, 8, 16)
-#: The logical K of one ``mma.sp``: two dense K blocks of B, one compressed K block of A.
-SPARSE_MMA_K = 32
 
 
 class HgemmSm80(GemmKernel):
@@ -60,8 +58,6 @@ class HgemmSm80(GemmKernel):
         if spec.a_major != "k" or spec.b_major != "k":
             raise ValueError("the mma.sync HGEMM takes K-major A and B (B as w.t())")
         super().__init__(spec)
-        #: Columns of A's tiles: its kept halves only when A is 2:4 sparse.
-        self.a_block_k = self.cfg.block_k // 2 if spec.sparse else self.cfg.block_k
 
     def launch(self, t: GemmArgs, stream: cuda.CUstream):
         """Layouts, copies and the tiled MMA of the config, then one CTA per tile (split-K's
@@ -265,10 +261,8 @@ class HgemmSm80(GemmKernel):
         for i in cutlass.range_constexpr(cute.size(tCcA, mode=[1])):
             row = m * cfg.block_m + tCcA[0, i, 0][0]
             for step in cutlass.range_constexpr(steps):
-                col = (k * cfg.block_k + step * SPARSE_MMA_K) // 16 + half
-                low = cutlass.Int32(mE[row, col]) & 0xFFFF
-                high = cutlass.Int32(mE[row + 8, col]) & 0xFFFF
-                words[i, step] = low | (high << 16)
+                col = (k * cfg.block_k + step * SPARSE_MMA_K) // META_COLUMNS + half
+                words[i, step] = metadata_word(mE, row, col)
         return words
 
     @cute.jit

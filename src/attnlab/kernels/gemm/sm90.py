@@ -26,6 +26,16 @@ epilogue) are what this kernel is made of, in their Hopper form:
   (summed in order by ``kernels/gemm/reduce.py``); with ``split="atomic"`` the epilogue's TMA
   copy is a reduce-add into an fp32 C (the adds happen in L2).
 
+* **2:4 sparse A** (``GemmSpec.sparse``, the lab's Observation N on Hopper). A's ring holds
+  only its kept halves (``block_k / 2`` columns a stage), and each 32-deep K step is one
+  ``wgmma.mma_async.sp`` m64 x ``block_n`` x k32 per consumer warpgroup instead of two dense
+  k16 ones: half of A's bytes and half the MMA instructions. The dense tiled MMA still lays out
+  the stages and builds their shared-memory descriptors (A's compressed 16-column block is a
+  dense k16 block, B's 32 rows start where its dense k16 block ``2 step`` does); the
+  instruction is inline PTX on those descriptors (the DSL has no sparse ``wgmma``), and each
+  thread pair of a quad (selector 0) hands it the metadata of its rows g and g + 8, loaded
+  from global memory while the previous stage's MMAs run.
+
 The host guarantees every slice at least one K tile (``attnlab.gemm.dispatch``); a K tail
 past the tensor is zero-filled by the TMA unit, so M, N and K need not be tile multiples.
 """
@@ -43,12 +53,12 @@ from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
-from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
-from attnlab.kernels.gemm.base import GemmKernel
-from attnlab.kernels.gemm.ptx_mma import add_s8x4
+from attnlab.kernels.gemm.abi import META_COLUMNS, SPARSE_MMA_K, GemmArgs, GemmSpec
+from attnlab.kernels.gemm.base import GemmKernel, metadata_word
+from attnlab.kernels.gemm.ptx_mma import add_s8x4, retire_words, wgmma_sp
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
-from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
+from attnlab.kernels.sm90.wgmma import smem_descriptor, uniform_stage, wgmma_gemm
 
 #: Threads of one warpgroup.
 WARPGROUP = 128
@@ -60,10 +70,11 @@ class HgemmSm90(GemmKernel):
     def __init__(self, spec: GemmSpec):
         super().__init__(spec)
         self.num_consumers = self.cfg.num_consumers
-        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype)
+        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype, spec.sparse)
         self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
-        # How A's TMA coordinates are tiled: (rows, K step) of an [M, K] matrix.
-        self.a_tiler = (self.cfg.block_m, self.cfg.block_k)
+        # How A's TMA coordinates are tiled: (rows, K step) of an [M, K] matrix (of its kept
+        # halves [M, K / 2] when A is 2:4 sparse).
+        self.a_tiler = (self.cfg.block_m, self.a_block_k)
         # s8 x s8 MMAs accumulate exactly in int32; 16-bit ones in fp32.
         self.acc_dtype = cutlass.Int32 if spec.dtype == "int8" else cutlass.Float32
 
@@ -90,7 +101,8 @@ class HgemmSm90(GemmKernel):
         mma_wg = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, a_enum.sm90_mma_major_mode(), b_enum.sm90_mma_major_mode(),
             self.acc_dtype, (1, 1, 1), (WGMMA_M, bn))
-        sA_layout = sm90_utils.make_smem_layout_a(a_enum, self.tile, self.dtype, self.stages)
+        sA_layout = sm90_utils.make_smem_layout_a(a_enum, (bm, bn, self.a_block_k), self.dtype,
+                                                  self.stages)
         sB_layout = sm90_utils.make_smem_layout_b(b_enum, self.tile, self.dtype, self.stages)
         sC_layout = sm90_utils.make_smem_layout_epi(self.out_dtype, LayoutEnum.ROW_MAJOR,
                                                     (WGMMA_M, bn), self.num_consumers)
@@ -110,7 +122,7 @@ class HgemmSm90(GemmKernel):
         m_tiles = cute.ceil_div(m_rows, bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         epilogue = (t.scale_a, t.scale_b, t.zero_b, t.bias)
-        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, mma, mma_wg,
+        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, t.meta, mma, mma_wg,
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
                     t.num_splits).launch(
             grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
@@ -120,10 +132,9 @@ class HgemmSm90(GemmKernel):
         """A's TMA atom and coordinates (tiled by ``a_tiler``), the rows of C and the K
         tiles: here A is the ``[M, K]`` matrix itself (the implicit-GEMM convolution reads
         it from an image instead)."""
-        _, _, bk = self.tile
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma = tuple(cpasync.make_tiled_tma_atom(load, a, a_stage, self.a_tiler))
-        return tma, a.shape[0], cute.ceil_div(a.shape[1], bk)
+        return tma, a.shape[0], cute.ceil_div(a.shape[1], self.a_block_k)
 
     @staticmethod
     def _stage(staged_layout):
@@ -135,7 +146,8 @@ class HgemmSm90(GemmKernel):
     # ----------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, workspace: cute.Tensor | None,
-               counters: cute.Tensor | None, epilogue: tuple, mma: cute.TiledMma,
+               counters: cute.Tensor | None, epilogue: tuple, meta: cute.Tensor | None,
+               mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
@@ -166,7 +178,7 @@ class HgemmSm90(GemmKernel):
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             arrivals = storage.arrivals.get_tensor(cute.make_layout(self.num_consumers))
             self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
-                          (workspace, counters, arrivals), epilogue)
+                          (workspace, counters, arrivals), epilogue, meta)
 
     def _items(self, walk: tuple):
         """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
@@ -214,10 +226,11 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
                  sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
-                 serial: tuple, epilogue: tuple):
+                 serial: tuple, epilogue: tuple, meta: cute.Tensor | None):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
         (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
-        ``epilogue``: INT8's scales and zero points, and the bias)."""
+        ``epilogue``: INT8's scales and zero points, and the bias; ``meta``: 2:4 sparse A's
+        metadata)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -234,6 +247,14 @@ class HgemmSm90(GemmKernel):
         if cutlass.const_expr(self.spec.dequant == "scale_zero"):
             row_sums = cute.make_rmem_tensor((cute.size(acc_mn_view(coords), mode=[0]),),
                                              cutlass.Int32)
+        # 2:4 sparse A: the metadata row of this thread's accumulator rows g and g + 8 within
+        # the tile, and its column within a 32-deep step (selector 0: lanes 0 and 1 of a quad).
+        sparse = None
+        if cutlass.const_expr(self.spec.sparse):
+            wtidx = ctidx % WARPGROUP
+            # A zero ptxas cannot see through (the grid is one-dimensional): ``retire_words``.
+            zero = cute.arch.block_idx()[2]
+            sparse = (meta, wg * WGMMA_M + wtidx // 32 * 16 + wtidx % 32 // 4, wtidx % 2, zero)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -245,14 +266,32 @@ class HgemmSm90(GemmKernel):
                 row_sums.fill(0)
             # The first K tile (every slice has one), then one stage's MMAs in flight while
             # the next stage is awaited.
-            state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB, sA, coords, row_sums)
-            for _ in cutlass.range(k0 + 1, k1, unroll=1):
-                state = self._mma_stage(ring, state, mma, acc, tCrA, tCrB, sA, coords,
-                                        row_sums)
-                warpgroup.wait_group(1)
-                ring.consumer_release(release)
-                release.advance()
+            operands = (tCrA, tCrB, sA, coords)
+            words = None
+            if cutlass.const_expr(sparse is not None):
+                words = self._metadata_words(sparse, m, k0)
+            state = self._mma_stage(ring, state, mma, acc, operands, row_sums, words)
+            for k in cutlass.range(k0 + 1, k1, unroll=1):
+                if cutlass.const_expr(sparse is not None):
+                    # wgmma.mma_async.sp reads its metadata register after it issues, and
+                    # ptxas does not count that register as in flight: the next stage's
+                    # words, loaded first (to land under the MMAs), replace a stage's only
+                    # once its MMAs are waited for (``retire_words``); one stage in flight,
+                    # as in CUTLASS's sparse mainloop.
+                    loaded = self._metadata_words(sparse, m, k)
+                    warpgroup.wait_group(0)
+                    retire_words(words, sparse[3], loaded)
+                    ring.consumer_release(release)
+                    release.advance()
+                    state = self._mma_stage(ring, state, mma, acc, operands, row_sums, words)
+                else:
+                    state = self._mma_stage(ring, state, mma, acc, operands, row_sums, words)
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(release)
+                    release.advance()
             warpgroup.wait_group(0)
+            if cutlass.const_expr(sparse is not None):
+                retire_words(words, sparse[3])
             ring.consumer_release(release)
             release.advance()
             if cutlass.const_expr(row_sums is not None):
@@ -274,19 +313,55 @@ class HgemmSm90(GemmKernel):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _mma_stage(self, ring, state, mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-                   tCrB: cute.Tensor, sA: cute.Tensor, coords: cute.Tensor, row_sums):
+    def _mma_stage(self, ring, state, mma: cute.TiledMma, acc: cute.Tensor, operands: tuple,
+                   row_sums, words):
         """Wait for ``state``'s stage, issue its MMAs (not waited for), and while they run
         add the stage's A bytes into ``row_sums`` (if not None); returns the advanced state
-        (a jit function's changes to its arguments do not reach a caller's loop)."""
+        (a jit function's changes to its arguments do not reach a caller's loop).
+        ``operands``: the stages' descriptors of A and B, A's stages, the accumulator's
+        coordinates; ``words``: 2:4 sparse A's metadata words of the stage (else None)."""
+        tCrA, tCrB, sA, coords = operands
         ring.consumer_wait(state)
         stage = uniform_stage(state)
-        wgmma_gemm(mma, acc, tCrA[None, None, None, stage], tCrB[None, None, None, stage],
-                   zero_init=False, wait=False)
+        if cutlass.const_expr(words is not None):
+            self._sparse_wgmma(acc, tCrA[None, None, None, stage],
+                               tCrB[None, None, None, stage], words)
+        else:
+            wgmma_gemm(mma, acc, tCrA[None, None, None, stage], tCrB[None, None, None, stage],
+                       zero_init=False, wait=False)
         if cutlass.const_expr(row_sums is not None):
             self._add_row_bytes(sA[None, None, stage], coords, row_sums)
         state.advance()
         return state
+
+    @cute.jit
+    def _metadata_words(self, sparse: tuple, m, k) -> cute.Tensor:
+        """This thread's metadata words of K tile ``k`` of row block ``m``, one per 32-deep
+        step (``metadata_word``)."""
+        meta, row, half, _ = sparse
+        bm, _, bk = self.tile
+        steps = bk // SPARSE_MMA_K
+        words = cute.make_rmem_tensor((steps,), cutlass.Int32)
+        for step in cutlass.range_constexpr(steps):
+            col = (k * bk + step * SPARSE_MMA_K) // META_COLUMNS + half
+            words[step] = metadata_word(meta, m * bm + row, col)
+        return words
+
+    @cute.jit
+    def _sparse_wgmma(self, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                      words: cute.Tensor):
+        """One stage of 2:4 sparse A as one commit group: per 32-deep step, A's compressed
+        k16 block ``step`` against B's 32 rows from its k16 block ``2 step``."""
+        ptx_dtype = "bf16" if self.dtype == cutlass.BFloat16 else "f16"
+        warpgroup.fence()
+        for step in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            d = wgmma_sp([acc[i] for i in range(cute.size(acc))],
+                         smem_descriptor(tCrA[None, None, step]),
+                         smem_descriptor(tCrB[None, None, 2 * step]), words[step],
+                         self.cfg.block_n, ptx_dtype, self.spec.b_major == "n")
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = d[i]
+        warpgroup.commit_group()
 
     @cute.jit
     def _add_row_bytes(self, sA: cute.Tensor, coords: cute.Tensor, row_sums: cute.Tensor):

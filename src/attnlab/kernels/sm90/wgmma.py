@@ -3,6 +3,7 @@
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu.tcgen05.helpers import smem_descriptor_to_int
 
 
 def wgmma_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
@@ -27,3 +28,10 @@ def uniform_stage(state) -> cutlass.Int32:
     stage's wgmma operands are then built in uniform registers (the loop-carried index alone
     does not tell ptxas so)."""
     return cute.arch.make_warp_uniform(state.index)
+
+
+def smem_descriptor(fragment: cute.Tensor) -> cutlass.Int64:
+    """The 64-bit shared-memory matrix descriptor at the start of a wgmma operand fragment (a
+    slice of ``make_fragment_A`` / ``make_fragment_B`` of a shared-memory stage): what an
+    instruction the DSL has no atom for (inline PTX) takes as its A or B operand."""
+    return smem_descriptor_to_int(fragment.iterator)
