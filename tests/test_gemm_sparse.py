@@ -96,8 +96,10 @@ def test_the_sparse_spec_on_the_wgmma_kernel_takes_k_major_16_bit_a_at_64_or_128
                                    (GemmConfig(), "float16", "m"), (GemmConfig(), "int8", "k")):
         with pytest.raises(ConfigError, match="2:4 sparse A"):
             GemmSpec(config, "sm_90a", dtype, dtype, a_major, "n", sparse=True)
-    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 4
-    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16") == 3
+    dense_tile = GemmConfig()
+    assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 4
+    assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16") == 3
+    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 2
 
 
 def test_a_gemm_config_is_the_sm90_kernels():

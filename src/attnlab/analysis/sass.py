@@ -265,33 +265,37 @@ _BRANCH_TARGET = re.compile(r"\((\.L_x_\d+)\)")
 
 def sparse_metadata_hazards(sass_text: str) -> list[Instruction]:
     """Instructions that write the metadata register of an ``HGMMA.SP`` still in flight (issued
-    and not yet waited for by a ``WARPGROUP.DEPBAR.LE gsb0, 0x0``).
+    and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, N``, which leaves the newest N
+    commit groups in flight; a group ends at the MMA marked ``gsb0``).
 
     The sparse ``wgmma`` reads that register after it issues, and ptxas does not hold it for
     the MMA (``kernels/gemm/ptx_mma.retire_words``). The walk goes through the code in address
     order, then once more around each loop (from a backward branch's target to the branch,
     in flight what was at the branch), so a write at the top of a loop body to the register
-    of the MMA at its bottom is found; a wait for fewer than all groups (``0x1``) retires
-    nothing here (the walk does not track groups).
+    of an MMA at its bottom is found.
     """
     instructions = parse(sass_text)
     position = {ins.address: i for i, ins in enumerate(instructions)}
     labels = {m[1]: position[int(m[2], 16)] for m in _LABEL.finditer(sass_text)}
     hazards: dict[int, Instruction] = {}
+    Groups = tuple[frozenset[int], ...]  # committed groups, oldest first, then the open one
 
-    def walk(first: int, last: int, in_flight: set[int]) -> list[set[int]]:
+    def walk(first: int, last: int, groups: Groups) -> list[Groups]:
         states = []
         for ins in instructions[first:last + 1]:
-            if ins.opcode.startswith("WARPGROUP.DEPBAR") and ins.operands.endswith("0x0"):
-                in_flight = set()
-            if written_registers(ins) & in_flight:
+            if ins.opcode.startswith("WARPGROUP.DEPBAR"):
+                keep = int(ins.operands.rsplit(",", 1)[1], 16)
+                groups = (*(groups[:-1][-keep:] if keep else ()), groups[-1])
+            if written_registers(ins) & frozenset().union(*groups):
                 hazards[ins.address] = ins
             if ins.opcode.startswith("HGMMA.SP"):
-                in_flight = in_flight | _register_span(ins.operand_list[3], 1)
-            states.append(in_flight)
+                groups = (*groups[:-1], groups[-1] | _register_span(ins.operand_list[3], 1))
+                if ins.operand_list[-1] == "gsb0":
+                    groups = (*groups, frozenset())
+            states.append(groups)
         return states
 
-    states = walk(0, len(instructions) - 1, set())
+    states = walk(0, len(instructions) - 1, (frozenset(),))
     for i, ins in enumerate(instructions):
         target = _BRANCH_TARGET.search(ins.operands) if ins.base == "BRA" else None
         if target and labels.get(target[1], i + 1) <= i:

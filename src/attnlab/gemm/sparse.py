@@ -41,9 +41,11 @@ from attnlab.kernels.gemm.abi import (
 #: registers, where the metadata words push the build into 4 spill stores (cross-compiled).
 SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, warps_n=4,
                               swizzle="xor")
-#: The sm_90 kernel's tile for 2:4 sparse A: the dense HGEMM's 128 x 256 at a 64-deep K step
-#: (with half of A's bytes a stage, four ring stages fit beside C's tile, against three dense).
-SPARSE_WGMMA_CONFIG = GemmConfig()
+#: The sm_90 kernel's tile for 2:4 sparse A: the dense HGEMM's 128 x 256 at a 128-deep K step
+#: (two ring stages beside C's tile): 1.06-1.07x the dense HGEMM device only on an H200 in two
+#: runs, where the 64-deep step (four stages) gave 1.03-1.06x and 128 x 192 or 128 x 128
+#: tiles 0.74-0.94x (``scripts/sparse_candidates.py``, ``docs/gemm.md``).
+SPARSE_WGMMA_CONFIG = GemmConfig(block_k=128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -139,7 +141,8 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *,
     Args:
         a: ``Sparse24`` of ``[M, K]`` on an sm80+ GPU.
         b: ``[K, N]`` in A's dtype and device.
-        config: a ``GemmConfig`` (the sm_90 kernel's tile; default ``SPARSE_WGMMA_CONFIG``)
+        config: a ``GemmConfig`` (the sm_90 kernel's tile, ``block_k`` 64 or 128; default
+            ``SPARSE_WGMMA_CONFIG``)
             or an ``MmaGemmConfig`` (the ``mma.sync`` tile: ``block_k`` 64, tiles in shared
             memory by ``cp.async`` and ``ldmatrix``; default ``SPARSE_CONFIG``).
 
