@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from attnlab.config import ConfigError
 from attnlab.gemm import GemmConfig, Sparse24, compress_2_4, prune_2_4, sparse_matmul
-from attnlab.gemm.sparse import PAD_META, SPARSE_CONFIG, SPARSE_WGMMA_CONFIG, decompress
+from attnlab.gemm.sparse import (
+    PAD_META,
+    SPARSE_CONFIG,
+    SPARSE_WGMMA_CONFIG,
+    decompress,
+    wgmma_words,
+)
 from attnlab.gemm_config import MmaGemmConfig
 from attnlab.kernels.gemm.abi import GemmSpec
 
@@ -114,11 +120,12 @@ def test_a_gemm_config_is_the_sm90_kernels():
 def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path):
     """Per K tile a consumer warpgroup issues one ``HGMMA.SP.64x256x32`` per 32-deep step (the
     first tile's and the loop's: 2 x block_k / 32 in the binary) and no dense GMMA, B
-    transposed (``tnspB``) when it is N-major; each step's metadata word is two 16-bit loads
-    (rows g and g + 8); one wait a K tile (one stage in flight: the metadata registers), none
-    after each MMA; no instruction writes the metadata register of an MMA in flight
-    (``retire_words``; the checker finds nine such writes in the build that replaced the
-    words by plain moves, which failed on the GPU past the first K tile); nothing spills."""
+    transposed (``tnspB``) when it is N-major; a K tile's metadata words are one vector load
+    (``wgmma_words``: 16 bytes at a 128-deep step); one wait a K tile (one stage in flight:
+    the metadata registers), none after each MMA; no instruction writes the metadata
+    register of an MMA in flight (``retire_words``; the checker finds nine such writes in the
+    build that replaced the words by plain moves, which failed on the GPU past the first K
+    tile); nothing spills."""
     from attnlab.analysis.resources import read_resources
     from attnlab.analysis.sass import disassemble, histogram, parse, sparse_metadata_hazards
     from attnlab.jit import compile_spec, dumped_binary
@@ -133,7 +140,8 @@ def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path
     assert len(lines) == 2 * steps, lines
     assert all("HGMMA.SP.64x256x32.F32.BF16" in line for line in lines), lines
     assert all(("tnspB" in line) == (b_major == "n") for line in lines), lines
-    assert ops["LDG"] == 2 * 2 * steps, ops["LDG"]
+    assert ops["LDG"] == 2, ops["LDG"]  # one vector load of a K tile's words, 2 call sites
+    assert all(f"LDG.E.{32 * steps} " in line for line in sass.splitlines() if " LDG" in line)
     assert sass.count("WARPGROUP.DEPBAR") == 2, sass.count("WARPGROUP.DEPBAR")
     assert not sparse_metadata_hazards(sass)
     assert not read_resources(cubin, sass).spills
@@ -238,3 +246,25 @@ def test_the_hazard_walk_follows_the_loop_back_edge():
     assert [h.opcode for h in hazards] == ["LDG.E.U16"]
     safe = [loop[0], loop[2], loop[1], *loop[3:]]
     assert not sparse_metadata_hazards(sass(safe))
+
+
+@pytest.mark.parametrize("shape", [(37, 300), (16, 128), (130, 1000)])
+def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
+    """Word ``[b, g, 2 r + h, t]`` holds metadata column ``8 g + 2 t + h`` of rows ``16 b + r``
+    (low half) and ``16 b + r + 8`` (high half), ``PAD_META`` past M and K; made once."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    s = compress_2_4(prune_2_4(torch.randn(*shape, generator=gen).half()))
+    words = wgmma_words(s)
+    rows, cols = s.meta.shape
+    assert words.shape == (-(-rows // 16), -(-cols // 8), 16, 4) and words.is_contiguous()
+
+    def field(row, col):
+        return int(s.meta[row, col]) & 0xFFFF if row < rows and col < cols else PAD_META
+
+    for b, g, place, t in zip(*(torch.randint(0, n, (200,), generator=gen).tolist()
+                                for n in words.shape), strict=True):
+        r, h = divmod(place, 2)
+        col = 8 * g + 2 * t + h
+        expected = field(16 * b + r, col) | field(16 * b + r + 8, col) << 16
+        assert int(words[b, g, place, t]) & 0xFFFFFFFF == expected, (b, g, place, t)
+    assert wgmma_words(s) is words

@@ -18,7 +18,7 @@ whose operands are padded with zeros (which keep the 2:4 pattern) to whole tiles
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from attnlab.kernels.gemm.abi import (
     META_COLUMNS,
     PAD_META,
     SPARSE_BLOCK_K,
+    WORDS_K,
     GemmSpec,
 )
 
@@ -53,11 +54,13 @@ _DTYPES = (torch.float16, torch.bfloat16)
 class Sparse24:
     """A 2:4 sparse matrix: ``values [M, K / 2]`` (the kept elements) and ``meta`` (int16
     ``[M, K / 16]``, their positions; module docstring), with ``K`` padded to a multiple of
-    16; ``k`` is the logical column count."""
+    16; ``k`` is the logical column count. ``derived`` keeps forms made from them on first use
+    (the sm_90 kernel's metadata words, ``wgmma_words``)."""
 
     values: torch.Tensor
     meta: torch.Tensor
     k: int
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -116,6 +119,28 @@ def compress_2_4(a: torch.Tensor) -> Sparse24:
     # Two's complement: the int16 holds the word's 16 bits.
     meta = torch.where(words >= 1 << 15, words - (1 << 16), words).to(torch.int16)
     return Sparse24(values.contiguous(), meta.contiguous(), a.shape[1])
+
+
+def wgmma_words(s: Sparse24) -> torch.Tensor:
+    """``s.meta`` as the sm_90 kernel's threads read it: int32 ``[ceil(M / 16), ceil(K / 128),
+    16, 4]``, element ``[b, g, 2 r + h, t]`` the word thread pair ``(r, h)`` hands the sparse
+    ``wgmma`` for 32-deep step ``t`` of K group ``g`` in row block ``b``: metadata column
+    ``8 g + 2 t + h`` of rows ``16 b + r`` (low half) and ``16 b + r + 8`` (high half), padding
+    past M and K. One 16-byte load a thread per 128 columns, where reading ``meta`` in place
+    takes eight 2-byte loads across eight rows. Made once per ``Sparse24`` (``derived``)."""
+    words = s.derived.get("wgmma")
+    if words is None:
+        rows, cols = s.meta.shape
+        blocks, groups = -(-rows // 16), -(-cols * META_COLUMNS // WORDS_K)
+        per_group = WORDS_K // META_COLUMNS
+        meta = F.pad(s.meta.to(torch.int32) & 0xFFFF,
+                     (0, groups * per_group - cols, 0, blocks * 16 - rows), value=PAD_META)
+        # rows (block, half, r), columns (group, step, h) -> [block, group, r, h, step]
+        meta = meta.view(blocks, 2, 8, groups, per_group // 2, 2)
+        words = (meta[:, 0] | meta[:, 1] << 16).permute(0, 2, 1, 4, 3)
+        words = words.reshape(blocks, groups, 16, per_group // 2).contiguous()
+        s.derived["wgmma"] = words
+    return words
 
 
 def decompress(s: Sparse24) -> torch.Tensor:
@@ -206,6 +231,6 @@ def _sparse_wgmma(a: Sparse24, b: torch.Tensor, config: GemmConfig, arch: str, d
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     output_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
     num_ctas = min(output_tiles, device.info(a.device).multiprocessors)
-    kernel_cache.get(spec).fn(a.values, b, c, None, None, *NO_EPILOGUE[:4], a.meta, 1,
+    kernel_cache.get(spec).fn(a.values, b, c, None, None, *NO_EPILOGUE[:4], wgmma_words(a), 1,
                               num_ctas)
     return c

@@ -35,6 +35,9 @@ SPARSE_BLOCK_K = 64
 SPARSE_MMA_K = 32
 #: A's columns one 16-bit metadata word covers (four groups of four).
 META_COLUMNS = 16
+#: Columns of A one K group of the sm_90 kernel's metadata words covers (four 32-deep steps:
+#: one 16-byte load a thread, ``attnlab.gemm.sparse.wgmma_words``).
+WORDS_K = 128
 #: A 16-bit metadata word of padding: every group of four keeps positions 0 and 1 (zeros).
 PAD_META = 0x4444
 
@@ -168,9 +171,11 @@ class GemmArgs(NamedTuple):
         zero_b: fp32 ``[N]``, B's per-column zero points (``dequant="scale_zero"``, else
             None; the kernel sums A's rows for them itself).
         bias: ``[N]`` in A's dtype (``bias=True``, else None).
-        meta: int16 ``[M, K / 16]``, the 2:4 metadata of A (``sparse=True``, else None):
-            per row, four 4-bit groups a word, each the two kept positions of one group of
-            four (``attnlab.gemm.sparse``).
+        meta: the 2:4 metadata of A (``sparse=True``, else None): for the ``mma.sync``
+            kernel int16 ``[M, K / 16]``, per row four 4-bit groups a word, each the two kept
+            positions of one group of four (``attnlab.gemm.sparse``); for the sm_90 kernel
+            int32 ``[M / 16, K / 128, 16, 4]``, the same fields as the words its threads hand
+            the MMA (``attnlab.gemm.sparse.wgmma_words``).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """
@@ -247,7 +252,12 @@ def fake_gemm_args(spec: GemmSpec) -> GemmArgs:
 
     scaled, zeroed = spec.dequant != "none", spec.dequant == "scale_zero"
     meta = None
-    if spec.sparse:
+    if spec.sparse and isinstance(spec.config, GemmConfig):
+        # The sm_90 kernel's words: [row blocks, K groups, 16, 4] int32, contiguous.
+        meta = make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), 16, 4),
+                                stride=(cute.sym_int32(divisibility=64), 64, 4, 1),
+                                assumed_align=16)
+    elif spec.sparse:
         meta = make_fake_tensor(cutlass.Int16, (cute.sym_int(), cute.sym_int()),
                                 stride=(cute.sym_int32(), 1), assumed_align=2)
     return GemmArgs(

@@ -1,13 +1,13 @@
 """What both GEMM kernel classes share: the spec and its element types, the launch's
-``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once), and the
-2:4 sparse MMAs' metadata words."""
+``__call__`` prologue (the ABI of ``kernels.gemm.abi.GemmArgs``, spelled out once), and A's
+K step (halved when A is 2:4 sparse)."""
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.common.tensors import element_type
-from attnlab.kernels.gemm.abi import PAD_META, GemmArgs, GemmSpec
+from attnlab.kernels.gemm.abi import GemmArgs, GemmSpec
 
 
 class GemmKernel:
@@ -37,19 +37,3 @@ class GemmKernel:
         """Build the kernel's layouts and launch it (traced inside ``__call__``)."""
         raise NotImplementedError
 
-
-@cute.jit
-def metadata_word(meta: cute.Tensor, row, col) -> cutlass.Int32:
-    """The 32-bit metadata word one thread hands a sparse MMA (selector 0): the 16-bit groups
-    of A's rows ``row`` (low half) and ``row + 8`` (high half) at metadata column ``col`` (A's
-    columns ``16 col .. 16 col + 15``); rows and columns past ``meta`` read as padding (their
-    values are zeros)."""
-    rows, cols = meta.shape
-    low = cutlass.Int32(PAD_META)
-    high = cutlass.Int32(PAD_META)
-    if col < cols:
-        if row < rows:
-            low = cutlass.Int32(meta[row, col]) & 0xFFFF
-        if row + 8 < rows:
-            high = cutlass.Int32(meta[row + 8, col]) & 0xFFFF
-    return low | (high << 16)

@@ -42,7 +42,7 @@ from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.epilogue import store_fragment, store_rows
 from attnlab.kernels.common.layouts import COPY_BITS, row_copy, smem_tile_layout
 from attnlab.kernels.gemm.abi import META_COLUMNS, SPARSE_MMA_K, GemmArgs, GemmSpec
-from attnlab.kernels.gemm.base import GemmKernel, metadata_word
+from attnlab.kernels.gemm.base import GemmKernel
 from attnlab.kernels.gemm.online_int8 import online_int8_mmas
 from attnlab.kernels.gemm.ptx_mma import mma_sp_16832
 
@@ -262,7 +262,9 @@ class HgemmSm80(GemmKernel):
             row = m * cfg.block_m + tCcA[0, i, 0][0]
             for step in cutlass.range_constexpr(steps):
                 col = (k * cfg.block_k + step * SPARSE_MMA_K) // META_COLUMNS + half
-                words[i, step] = metadata_word(mE, row, col)
+                low = cutlass.Int32(mE[row, col]) & 0xFFFF
+                high = cutlass.Int32(mE[row + 8, col]) & 0xFFFF
+                words[i, step] = low | (high << 16)
         return words
 
     @cute.jit

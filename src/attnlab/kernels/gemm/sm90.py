@@ -33,8 +33,10 @@ epilogue) are what this kernel is made of, in their Hopper form:
   the stages and builds their shared-memory descriptors (A's compressed 16-column block is a
   dense k16 block, B's 32 rows start where its dense k16 block ``2 step`` does); the
   instruction is inline PTX on those descriptors (the DSL has no sparse ``wgmma``), and each
-  thread pair of a quad (selector 0) hands it the metadata of its rows g and g + 8, loaded
-  from global memory while the previous stage's MMAs run.
+  thread pair of a quad (selector 0) hands it the metadata of its rows g and g + 8: words
+  laid out on the host in the order threads read them (``attnlab.gemm.sparse.wgmma_words``),
+  one vector load a K tile, issued while the previous stage's MMAs run (per-row 16-bit loads
+  were the kernel's limit: ``docs/gemm.md``).
 
 The host guarantees every slice at least one K tile (``attnlab.gemm.dispatch``); a K tail
 past the tensor is zero-filled by the TMA unit, so M, N and K need not be tile multiples.
@@ -53,8 +55,8 @@ from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
-from attnlab.kernels.gemm.abi import META_COLUMNS, SPARSE_MMA_K, GemmArgs, GemmSpec
-from attnlab.kernels.gemm.base import GemmKernel, metadata_word
+from attnlab.kernels.gemm.abi import PAD_META, SPARSE_MMA_K, WORDS_K, GemmArgs, GemmSpec
+from attnlab.kernels.gemm.base import GemmKernel
 from attnlab.kernels.gemm.ptx_mma import add_s8x4, retire_words, wgmma_sp
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
@@ -254,7 +256,9 @@ class HgemmSm90(GemmKernel):
             wtidx = ctidx % WARPGROUP
             # A zero ptxas cannot see through (the grid is one-dimensional): ``retire_words``.
             zero = cute.arch.block_idx()[2]
-            sparse = (meta, wg * WGMMA_M + wtidx // 32 * 16 + wtidx % 32 // 4, wtidx % 2, zero)
+            # This thread's 16-row block of the tile and its place among the block's 16 words.
+            sparse = (meta, wg * WGMMA_M // 16 + wtidx // 32, wtidx % 32 // 4 * 2 + wtidx % 2,
+                      zero)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -337,14 +341,19 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _metadata_words(self, sparse: tuple, m, k) -> cute.Tensor:
         """This thread's metadata words of K tile ``k`` of row block ``m``, one per 32-deep
-        step (``metadata_word``)."""
-        meta, row, half, _ = sparse
+        step: one vector load from the words' layout (``attnlab.gemm.sparse.wgmma_words``,
+        ``[row blocks of 16, K groups of 128, 16, 4]``), padding past M."""
+        meta, block, place, _ = sparse
         bm, _, bk = self.tile
         steps = bk // SPARSE_MMA_K
         words = cute.make_rmem_tensor((steps,), cutlass.Int32)
-        for step in cutlass.range_constexpr(steps):
-            col = (k * bk + step * SPARSE_MMA_K) // META_COLUMNS + half
-            words[step] = metadata_word(meta, m * bm + row, col)
+        row_block = m * (bm // 16) + block
+        group = k * bk // WORDS_K
+        if row_block < meta.shape[0]:
+            cute.autovec_copy(cute.local_tile(meta[row_block, group, place, None], (steps,),
+                                              (k % (WORDS_K // bk),)), words)
+        else:
+            words.fill(PAD_META | PAD_META << 16)
         return words
 
     @cute.jit
