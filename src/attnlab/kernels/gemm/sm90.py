@@ -20,8 +20,9 @@ epilogue) are what this kernel is made of, in their Hopper form:
 * **Split-K.** Work item ``(m, n, s)`` covers K tiles ``[s * per, (s + 1) * per)``. With
   ``split="serial"`` slice ``s`` stores its fp32 partial sums straight from registers to
   ``workspace[s]`` and counts itself in at the tile's counter (a fence, then one atomic per
-  warpgroup); the slice that counts last adds the tile's partials up in split order (its own
-  from registers), resets the counter and runs the epilogue: one kernel, deterministic. With
+  warpgroup); the slice that counts last adds the tile's partials up in split order (all read
+  back, four slices' loads in flight), resets the counter and runs the epilogue: one kernel,
+  deterministic. With
   ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]``
   (summed in order by ``kernels/gemm/reduce.py``); with ``split="atomic"`` the epilogue's TMA
   copy is a reduce-add into an fp32 C (the adds happen in L2).
@@ -468,8 +469,9 @@ class HgemmSm90(GemmKernel):
     def _count_in(self, acc: cute.Tensor, coords: cute.Tensor, serial: tuple, wtidx, wg,
                   item: tuple, walk: tuple) -> cutlass.Boolean:
         """Serial split-K: store this slice's partial sums, count in at the tile's counter;
-        the slice that counts last sums the tile's partials into ``acc`` in split order,
-        resets the counter and returns True."""
+        the slice that counts last sums the tile's partials into ``acc`` in split order
+        (deterministic: the same sums whichever slice is last), resets the counter and
+        returns True."""
         workspace, counters, arrivals = serial
         m, n, split = item
         m_tiles, n_tiles, _, num_splits = walk
@@ -488,11 +490,11 @@ class HgemmSm90(GemmKernel):
             cute.arch.fence_acq_rel_gpu()
             total = cute.make_fragment_like(acc)
             total.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                if s == split:
-                    total.store(total.load() + acc.load())
-                else:
-                    self._partial(total, coords, workspace, m, n, s, load=True)
+            # Every slice's partials from the workspace, its own too (the same values as its
+            # registers): a loop without a branch, unrolled, keeps four slices' loads in
+            # flight where one slice's at a time waited out an L2 round trip each.
+            for s in cutlass.range(num_splits, unroll=4):
+                self._partial(total, coords, workspace, m, n, s, load=True)
             acc.store(total.load())
             if wtidx == 0:
                 counters[counter] = 0
