@@ -20,9 +20,9 @@ epilogue) are what this kernel is made of, in their Hopper form:
 * **Split-K.** Work item ``(m, n, s)`` covers K tiles ``[s * per, (s + 1) * per)``. With
   ``split="serial"`` slice ``s`` stores its fp32 partial sums straight from registers to
   ``workspace[s]`` and counts itself in at the tile's counter (a fence, then one atomic per
-  warpgroup); the slice that counts last adds the tile's partials up in split order (all read
-  back, four slices' loads in flight), resets the counter and runs the epilogue: one kernel,
-  deterministic. With
+  warpgroup); the slice that counts last adds the tile's partials up in split order (two
+  slices: the other's onto its registers; more: all read back, four slices' loads in flight),
+  resets the counter and runs the epilogue: one kernel, deterministic. With
   ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]``
   (summed in order by ``kernels/gemm/reduce.py``); with ``split="atomic"`` the epilogue's TMA
   copy is a reduce-add into an fp32 C (the adds happen in L2).
@@ -488,14 +488,19 @@ class HgemmSm90(GemmKernel):
         if last:
             # Acquire: the other slices' partials, counted in before this one.
             cute.arch.fence_acq_rel_gpu()
-            total = cute.make_fragment_like(acc)
-            total.fill(0.0)
-            # Every slice's partials from the workspace, its own too (the same values as its
-            # registers): a loop without a branch, unrolled, keeps four slices' loads in
-            # flight where one slice's at a time waited out an L2 round trip each.
-            for s in cutlass.range(num_splits, unroll=4):
-                self._partial(total, coords, workspace, m, n, s, load=True)
-            acc.store(total.load())
+            if num_splits == 2:
+                # The other slice's partials onto this one's registers: one L2 round trip, and
+                # the same sum as in split order (two terms commute exactly).
+                self._partial(acc, coords, workspace, m, n, 1 - split, load=True)
+            else:
+                # Every slice's partials read back, its own too (the values its registers
+                # hold), in a branch-free loop unrolled by four: four slices' loads in flight
+                # where one slice's at a time waited out an L2 round trip each.
+                total = cute.make_fragment_like(acc)
+                total.fill(0.0)
+                for s in cutlass.range(num_splits, unroll=4):
+                    self._partial(total, coords, workspace, m, n, s, load=True)
+                acc.store(total.load())
             if wtidx == 0:
                 counters[counter] = 0
         return last
