@@ -36,6 +36,7 @@ from attnlab.kernels.gemm.abi import (
     WORDS_K,
     GemmSpec,
 )
+from attnlab.runtime import remember
 
 #: The sparse kernel's default tile: the ladder's best ``mma.sync`` tile (g07x: 128 x 256, XOR
 #: swizzle) at a 64-deep K step, on 8 warps of 64 x 64: 16 warps cap a thread at 128
@@ -55,7 +56,8 @@ class Sparse24:
     """A 2:4 sparse matrix: ``values [M, K / 2]`` (the kept elements) and ``meta`` (int16
     ``[M, K / 16]``, their positions; module docstring), with ``K`` padded to a multiple of
     16; ``k`` is the logical column count. ``derived`` keeps forms made from them on first use
-    (the sm_90 kernel's metadata words, ``wgmma_words``)."""
+    (the sm_90 kernel's metadata words, ``wgmma_words``), so its tensors are not to be changed
+    in place (compress the new matrix instead)."""
 
     values: torch.Tensor
     meta: torch.Tensor
@@ -196,10 +198,14 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *,
             if config is not None:
                 raise ConfigError(f"a GemmConfig is the sm_90 kernel's; this GPU is {arch}")
         else:
-            c = _sparse_wgmma(a, b, config or SPARSE_WGMMA_CONFIG, arch, dtype,
-                              strict=config is not None)
-            if c is not None:
-                return c
+            key = (a.values.shape, a.values.stride(), a.dtype, a.device, a.k, b.shape,
+                   b.stride(), config)
+            call = _wgmma_calls.get(key)
+            if call is None:
+                call = _SparseWgmmaCall(a, b, config, arch, dtype)
+                remember(_wgmma_calls, key, call)
+            if call.takes(a, b):
+                return call(a, b)
         config = None
     config = SPARSE_CONFIG if config is None else config
     spec = GemmSpec(config, arch, dtype, dtype, "k", "k", sparse=True)
@@ -212,25 +218,52 @@ def sparse_matmul(a: Sparse24, b: torch.Tensor, *,
     return run_tiles(spec, values, b_t, meta, m, n)
 
 
-def _sparse_wgmma(a: Sparse24, b: torch.Tensor, config: GemmConfig, arch: str, dtype: str,
-                  strict: bool) -> torch.Tensor | None:
-    """The sm_90 kernel's product, one persistent CTA per SM at most; None where the TMA unit
-    cannot read ``b`` or write C in place (unless ``strict``: then ValueError)."""
-    m, n = a.shape[0], b.shape[1]
-    try:
-        b_major, b = operand_major("b", b, ("k", "n"))
-        if n * b.element_size() % GEMM_ALIGN_BYTES or (
-                (a.values.data_ptr() | b.data_ptr()) % GEMM_ALIGN_BYTES):
-            raise ValueError(f"C's rows ({n} columns) and the operands' data must be multiples "
-                             f"of {GEMM_ALIGN_BYTES} bytes for the TMA unit")
-    except ValueError:
-        if strict:
-            raise
-        return None
-    spec = GemmSpec(config, arch, dtype, dtype, "k", b_major, sparse=True)
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    output_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
-    num_ctas = min(output_tiles, device.info(a.device).multiprocessors)
-    kernel_cache.get(spec).fn(a.values, b, c, None, None, *NO_EPILOGUE[:4], wgmma_words(a), 1,
-                              num_ctas)
-    return c
+class _SparseWgmmaCall:
+    """One call signature's product on the sm_90 kernel (spec and kernel made once), one
+    persistent CTA per SM at most. Where the TMA unit cannot read ``b`` or write C in place, a
+    call without a config goes to the ``mma.sync`` kernel (``takes`` is False) and one with a
+    ``GemmConfig`` is refused."""
+
+    def __init__(self, a: Sparse24, b: torch.Tensor, config: GemmConfig | None, arch: str,
+                 dtype: str):
+        m, n = a.shape[0], b.shape[1]
+        self.strict = config is not None
+        try:
+            self.b_major, view = operand_major("b", b, ("k", "n"))
+            # A view is rebuilt per call only where a size-1 mode's stride had to be replaced.
+            self.restride = view is not b
+            if n * b.element_size() % GEMM_ALIGN_BYTES:
+                raise ValueError(f"C's rows ({n} columns) must be a multiple of "
+                                 f"{GEMM_ALIGN_BYTES} bytes for the TMA unit; pad N")
+        except ValueError:
+            if config is not None:
+                raise
+            self.b_major = None
+            return
+        config = config or SPARSE_WGMMA_CONFIG
+        spec = GemmSpec(config, arch, dtype, dtype, "k", self.b_major, sparse=True)
+        self.fn = kernel_cache.get(spec).fn
+        output_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+        self.num_ctas = min(output_tiles, device.info(a.device).multiprocessors)
+        self.shape = (m, n)
+
+    def takes(self, a: Sparse24, b: torch.Tensor) -> bool:
+        """Whether this kernel runs the call (TMA-readable operands on 16-byte addresses)."""
+        if self.b_major is None:
+            return False
+        if (a.values.data_ptr() | b.data_ptr()) % GEMM_ALIGN_BYTES:
+            if self.strict:
+                raise ValueError(f"the operands' data must start on {GEMM_ALIGN_BYTES}-byte "
+                                 f"boundaries for the TMA unit; clone them")
+            return False
+        return True
+
+    def __call__(self, a: Sparse24, b: torch.Tensor) -> torch.Tensor:
+        if self.restride:
+            _, b = operand_major("b", b, ("k", "n"))
+        c = torch.empty(self.shape, dtype=a.dtype, device=a.device)
+        self.fn(a.values, b, c, None, None, *NO_EPILOGUE[:4], wgmma_words(a), 1, self.num_ctas)
+        return c
+
+
+_wgmma_calls: dict[tuple, _SparseWgmmaCall] = {}
