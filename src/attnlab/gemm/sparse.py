@@ -44,9 +44,10 @@ from attnlab.runtime import remember
 SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, warps_n=4,
                               swizzle="xor")
 #: The sm_90 kernel's tile for 2:4 sparse A: the dense HGEMM's 128 x 256 at a 128-deep K step
-#: (two ring stages beside C's tile): 1.06-1.07x the dense HGEMM device only on an H200 in two
-#: runs, where the 64-deep step (four stages) gave 1.03-1.06x and 128 x 192 or 128 x 128
-#: tiles 0.74-0.94x (``scripts/sparse_candidates.py``, ``docs/gemm.md``).
+#: (two ring stages beside C's tile), the best or within 3 % of it at each of the bench's large
+#: shapes on an H200 (``scripts/sparse_candidates.py``, three runs: 1.24-1.30x the dense
+#: HGEMM device only; the 64-deep step 1.22-1.29x, 192 x 128 x 128 1.11-1.34x, 128 x 192 and
+#: 128 x 128 below; ``docs/gemm.md``).
 SPARSE_WGMMA_CONFIG = GemmConfig(block_k=128)
 _DTYPES = (torch.float16, torch.bfloat16)
 

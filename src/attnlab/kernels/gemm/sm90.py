@@ -250,16 +250,15 @@ class HgemmSm90(GemmKernel):
         if cutlass.const_expr(self.spec.dequant == "scale_zero"):
             row_sums = cute.make_rmem_tensor((cute.size(acc_mn_view(coords), mode=[0]),),
                                              cutlass.Int32)
-        # 2:4 sparse A: the metadata row of this thread's accumulator rows g and g + 8 within
-        # the tile, and its column within a 32-deep step (selector 0: lanes 0 and 1 of a quad).
+        # 2:4 sparse A: the metadata words, this thread's 16-row block of the tile (its warp's)
+        # and its place among the block's 16 words (quad g's lane h, h = lane % 2: selector 0
+        # reads lanes 0 and 1 of a quad), and a zero ptxas cannot see through (the grid is
+        # one-dimensional; ``retire_words``).
         sparse = None
         if cutlass.const_expr(self.spec.sparse):
             wtidx = ctidx % WARPGROUP
-            # A zero ptxas cannot see through (the grid is one-dimensional): ``retire_words``.
-            zero = cute.arch.block_idx()[2]
-            # This thread's 16-row block of the tile and its place among the block's 16 words.
             sparse = (meta, wg * WGMMA_M // 16 + wtidx // 32, wtidx % 32 // 4 * 2 + wtidx % 2,
-                      zero)
+                      cute.arch.block_idx()[2])
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         # The stage to release next: one behind ``state`` while a stage's MMAs are in flight.
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
