@@ -20,7 +20,7 @@ from attnlab.kernels.conv.abi import ImplicitConvSpec
 from attnlab.kernels.gemm.abi import binary_config
 
 SHAPES = [(n, c, hw) for n in (1, 4) for c, hw in ((320, 64), (640, 32), (640, 16), (512, 16))]
-TILES = ((128, 128), (128, 160), (128, 256), (64, 128), (64, 160), (64, 256))
+TILES = ((128, 128), (128, 160), (128, 256), (64, 64), (64, 128), (64, 160), (64, 256))
 SPLITS = (1, 2, 4)
 
 
