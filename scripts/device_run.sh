@@ -141,6 +141,7 @@ case $mode in
     python3 -m pytest -q -p no:cacheprovider tests/test_gemm_gpu.py -k "sparse or online" 2>&1 \
       | tee -a "$log" | tail -8
     attnlab bench --family sparse --dtypes bf16,fp16 --out "$OUT/sparse"
+    attnlab ladder --family sparse --out "$OUT/sparse"
     ;;
   gemmtune)
     shapes=512x512x4096,256x256x4096,256x256x8192,128x128x8192,1x4096x4096t,16x4096x4096t

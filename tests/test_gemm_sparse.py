@@ -268,3 +268,23 @@ def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
         expected = field(16 * b + r, col) | field(16 * b + r + 8, col) << 16
         assert int(words[b, g, place, t]) & 0xFFFFFFFF == expected, (b, g, place, t)
     assert wgmma_words(s) is words
+
+
+def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
+    """``attnlab ladder --family sparse``: s02 (``mma.sp``) against s01 (the same tile dense),
+    s04 (``wgmma.sp``) against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a;
+    the CLI asks for a GPU once its options parse."""
+    from typer.testing import CliRunner
+
+    from attnlab.cli import app
+    from attnlab.gemm.ladder import SPARSE_BASES, SPARSE_STEPS, sparse_step, sparse_steps_for
+
+    assert list(SPARSE_STEPS) == sorted(SPARSE_STEPS)
+    for name, base in SPARSE_BASES.items():
+        assert base < name and SPARSE_STEPS[base][1] is False
+    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04"]
+    assert set(sparse_steps_for("sm_80")) == {"s01", "s02"}
+    assert set(sparse_steps_for("sm_90a")) == set(SPARSE_STEPS)
+    assert all(callable(sparse_step(name)) for name in SPARSE_STEPS)
+    result = CliRunner().invoke(app, ["ladder", "--family", "sparse"])
+    assert result.exit_code == 2 and "needs a CUDA GPU" in result.output, result.output

@@ -153,8 +153,7 @@ def sparse_impls() -> dict[str, Callable]:
     ``sparse24_mma_sync`` (``mma.sp``) and ``online_int8`` (``online_int8_matmul``, dense
     A)."""
     from attnlab.gemm import matmul, online_int8_matmul, sparse_matmul
-    from attnlab.gemm.ladder import ladder_matmul
-    from attnlab.gemm.sparse import SPARSE_CONFIG
+    from attnlab.gemm.ladder import sparse_step
 
     def semi_structured(a, sparse, semi, b):
         if semi is None:
@@ -163,10 +162,9 @@ def sparse_impls() -> dict[str, Callable]:
 
     return {"cublas": lambda a, sparse, semi, b: torch.matmul(a, b),
             "attnlab": lambda a, sparse, semi, b: matmul(a, b),
-            "dense_mma_sync": lambda a, sparse, semi, b: ladder_matmul(a, b, SPARSE_CONFIG),
+            "dense_mma_sync": sparse_step("s01"),
             "sparse24": lambda a, sparse, semi, b: sparse_matmul(sparse, b),
-            "sparse24_mma_sync": lambda a, sparse, semi, b: sparse_matmul(
-                sparse, b, config=SPARSE_CONFIG),
+            "sparse24_mma_sync": sparse_step("s02"),
             "torch_semi_structured": semi_structured,
             "online_int8": lambda a, sparse, semi, b: online_int8_matmul(a, b)}
 

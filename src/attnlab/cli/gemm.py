@@ -181,6 +181,30 @@ def ladder_gemm(shapes: str, dtype: str, runs: int, out: Path) -> None:
                 "to end (device only), x its base step")
 
 
+def ladder_sparse(shapes: str, dtype: str, runs: int, out: Path) -> None:
+    """The 2:4 sparse steps (``gemm.ladder.SPARSE_STEPS``) at ``shapes`` on one pruned A, % of
+    cuBLAS (on A dense) in the same run, each step's ratio to its base; table,
+    ``sparse_ladder.json`` and a plot."""
+    import torch
+
+    from attnlab import device
+    from attnlab.bench.gemm import GemmPoint, sparse_sets
+    from attnlab.gemm.ladder import SPARSE_BASES, sparse_step, sparse_steps_for
+
+    require_gpu()
+    info = device.info(torch.device("cuda"))
+    (dtype_name,) = parse_dtypes(dtype)
+    steps = sparse_steps_for(info.arch)
+    impls = {"cublas": lambda a, s, semi, b: torch.matmul(a, b)}
+    impls.update({name: sparse_step(name) for name in steps})
+    points = [GemmPoint(m, n, k, dtype_name, "k") for m, n, k, _ in parse_shapes(shapes)]
+    steps_table({name: ({**cfg.to_dict(), "sparse": sparse}, what)
+                 for name, (cfg, sparse, what) in steps.items()},
+                SPARSE_BASES, impls, "cublas", points, runs, out / "sparse_ladder",
+                f"attnlab ladder --family sparse on {info.name}, {dtype_name}: % of cuBLAS "
+                "end to end (device only), x its base step", make_sets=sparse_sets)
+
+
 def ladder_conv(dtype: str, runs: int, out: Path) -> None:
     """The lab's convolution steps at SD-UNet shapes, % of cuDNN in the same run, each step's
     ratio to its base; table, ``conv_ladder.json`` and a plot."""

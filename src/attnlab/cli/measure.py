@@ -321,10 +321,12 @@ def ladder(
     family: str = typer.Option("seeds", help="seeds: k01-k16, the lab's variants and the "
                                "sm_90 mma.sync steps; sm90: the wgmma kernel's steps, with "
                                "cuDNN and FA4 as rows; gemm: the lab's HGEMM steps (g01-g09) "
-                               "against cuBLAS at --shapes; conv: the lab's convolution "
+                               "against cuBLAS at --shapes; sparse: the 2:4 sparse "
+                               "kernels (s01-s04) beside the dense ones they are built on, "
+                               "at --shapes; conv: the lab's convolution "
                                "steps (c01-c05) against cuDNN at SD-UNet shapes."),
-    shapes: str = typer.Option("4096x4096x4096,2048x2048x2048", help="With --family gemm: "
-                               "MxNxK shapes (whole 128 x 256 x 32 tiles)."),
+    shapes: str = typer.Option("4096x4096x4096,2048x2048x2048", help="With --family gemm "
+                               "or sparse: MxNxK shapes (whole 128 x 256 x 64 tiles)."),
     out: Path = OUT_OPTION,
 ) -> None:
     """The seeds' table: percent of SDPA flash per ladder step and lab variant, at ANCHOR and
@@ -345,6 +347,11 @@ def ladder(
         from attnlab.cli.gemm import ladder_gemm
 
         ladder_gemm(shapes, dtype, runs, out)
+        return
+    if family == "sparse":
+        from attnlab.cli.gemm import ladder_sparse
+
+        ladder_sparse(shapes, dtype, runs, out)
         return
     if family == "conv":
         from attnlab.cli.gemm import ladder_conv

@@ -1,17 +1,23 @@
-"""The lab's HGEMM progression as named configs (``attnlab ladder --family gemm``).
+"""The lab's HGEMM progression as named configs (``attnlab ladder --family gemm``), and its
+2:4 sparse one (``--family sparse``).
 
-Each step changes one knob of the ``mma.sync`` kernel (``kernels/gemm/sm80.py``) from the step
-before it (``GEMM_BASES``), in the lab's order; the last step is the sm_90a ``wgmma`` kernel
-that ``attnlab.gemm.matmul`` runs. ``ladder_matmul`` launches any step.
+Each HGEMM step changes one knob of the ``mma.sync`` kernel (``kernels/gemm/sm80.py``) from the
+step before it (``GEMM_BASES``), in the lab's order; the last step is the sm_90a ``wgmma``
+kernel that ``attnlab.gemm.matmul`` runs. ``ladder_matmul`` launches any step. The sparse
+steps (``SPARSE_STEPS``) put each sparse kernel beside the dense kernel it is built on, the
+``mma.sync`` one and the ``wgmma`` one: the lab's Observation N (the sparse MMA at the dense
+one's cost per instruction for twice the K) tested on each; ``sparse_step`` runs one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from attnlab import device, kernel_cache
+from attnlab.gemm.sparse import SPARSE_CONFIG, SPARSE_WGMMA_CONFIG, sparse_matmul
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.gemm.abi import GemmSpec
 
@@ -72,3 +78,30 @@ def ladder_matmul(a: torch.Tensor, b: torch.Tensor, config: MmaGemmConfig | Gemm
     kernel_cache.get(spec).fn(a, b, c, None, None, None, None, None, None, None, 1,
                               math.prod((m // config.block_m, n // config.block_n)))
     return c
+
+
+#: The 2:4 sparse steps: name -> (config, A sparse, what the step changes); each runs on one
+#: pruned A (dense steps multiply it as a dense matrix).
+SPARSE_STEPS: dict[str, tuple[MmaGemmConfig | GemmConfig, bool, str]] = {
+    "s01": (SPARSE_CONFIG, False, "mma.sync HGEMM, the sparse kernel's tile (128 x 256 x 64)"),
+    "s02": (SPARSE_CONFIG, True, "mma.sp: A's kept halves, half the MMAs, per-row metadata"),
+    "s03": (GemmConfig(split_k=1), False, "sm_90a dense: wgmma + TMA, warp-specialised"),
+    "s04": (SPARSE_WGMMA_CONFIG, True, "wgmma.mma_async.sp, metadata words in load order"),
+}
+#: The step each sparse step is measured against (its delta).
+SPARSE_BASES = {"s02": "s01", "s03": "s01", "s04": "s03"}
+
+
+def sparse_step(name: str) -> Callable:
+    """Step ``name`` of ``SPARSE_STEPS`` as a call on a sparse bench input set ``(a, sparse,
+    semi, b)``: a pruned A, its ``Sparse24``, torch's form (unused) and B as ``w.t()``."""
+    config, sparse, _ = SPARSE_STEPS[name]
+    if sparse:
+        return lambda a, s, semi, b: sparse_matmul(s, b, config=config)
+    return lambda a, s, semi, b: ladder_matmul(a, b, config)
+
+
+def sparse_steps_for(arch: str) -> dict[str, tuple[MmaGemmConfig | GemmConfig, bool, str]]:
+    """The sparse steps ``arch`` runs (the wgmma ones only on sm_90a)."""
+    return {name: step for name, step in SPARSE_STEPS.items()
+            if arch == "sm_90a" or isinstance(step[0], MmaGemmConfig)}
