@@ -26,6 +26,8 @@
 #            peers at issue 20's anchor shapes
 #   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
 #            later arguments go to it)
+#   bwdprof [--points HD,SEQ,CAUSAL ...]  where the backward's time goes, attnlab against FA4
+#            (scripts/bwd_profile.py: the kernels of one autograd backward, ncu of each)
 #   decode   the decoding GPU tests, then attnlab bench --decode over issue 21's grid in three
 #            invocations (B 1 and 8 x 4k and 32k, 1 x 128k, 64 x 4k: each fits the GPU)
 #   gemm     the GEMM family's GPU tests, then attnlab bench --family gemm (bf16 and fp16; later
@@ -126,6 +128,9 @@ case $mode in
     attnlab bench --decode --batches 1 --cache-lens 131072 --out "$OUT/decode-b"
     attnlab bench --decode --batches 64 --cache-lens 4096 --out "$OUT/decode-c"
     ;;
+  bwdprof)
+    python3 scripts/bwd_profile.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
   bwdsweep)
     python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
@@ -184,5 +189,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|decode|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|decode|bwdprof|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac

@@ -139,18 +139,33 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         assert not res.spills, res
 
 
-@pytest.mark.parametrize("arch, varlen, with_dlse", [("sm_80", True, False),
-                                                      ("sm_90a", False, True)])
-def test_preprocess_kernel_reads_whole_rows_by_vectors(arch, varlen, with_dlse, tmp_path):
-    """Per row: one 16-byte load per 8 elements of each of dO and O, two fp32 stores (D and
-    L) and dq_accum's row zeroed by 16-byte stores."""
+@pytest.mark.parametrize("arch, head_dim, varlen, with_dlse", [
+    ("sm_80", 128, True, False), ("sm_90a", 64, False, True), ("sm_90a", 96, False, False)])
+def test_preprocess_kernel_shares_rows_between_lanes(arch, head_dim, varlen, with_dlse,
+                                                     tmp_path):
+    """A row split over ``lanes_per_row`` threads: per thread one 16-byte load of dO and of O
+    and two 16-byte zero stores to dq_accum per 16-byte chunk it owns, the lanes' partial
+    sums added by butterfly shuffles, and one lane's two fp32 stores (D and L)."""
     from attnlab.kernels.abi import PreprocessSpec
+    from attnlab.kernels.common.bwd_preprocess import CHUNK, lanes_per_row
 
-    spec = PreprocessSpec(arch, "bfloat16", 128, varlen, with_dlse)
+    spec = PreprocessSpec(arch, "bfloat16", head_dim, varlen, with_dlse)
     assert spec_from_dict(spec.to_dict()) == spec
-    ops = histogram(parse(disassemble(compile_spec(spec, tmp_path).cubin)))
-    assert ops["LDG"] >= 2 * 128 // 8
-    assert ops["STG"] == 2 + 128 * 4 // 16
+    lanes = lanes_per_row(head_dim)
+    chunks = head_dim // CHUNK // lanes
+    assert lanes * chunks * CHUNK == head_dim and lanes & (lanes - 1) == 0
+    ops = [i.opcode for i in parse(disassemble(compile_spec(spec, tmp_path).cubin))]
+    assert ops.count("LDG.E.128") == 2 * chunks
+    assert ops.count("STG.E.128") == 2 * chunks
+    assert ops.count("STG.E") == 2
+    assert ops.count("SHFL.BFLY") == lanes.bit_length() - 1
+
+
+def test_preprocess_lanes_per_row():
+    from attnlab.kernels.common.bwd_preprocess import lanes_per_row
+
+    assert {hd: lanes_per_row(hd) for hd in (32, 64, 96, 128, 192, 256)} == {
+        32: 4, 64: 8, 96: 4, 128: 16, 192: 8, 256: 16}
 
 
 def test_warm_covers_every_default_backward_kernel():
