@@ -36,6 +36,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "cp_async": {"producer_warp": False},
     "lpt": {"lpt": True},
     "O1": {"ptxas_opt_level": 1},
+    "O3": {"ptxas_opt_level": 3},
     "sm80": {"default_of": "sm_80"},
 }
 

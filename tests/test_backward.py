@@ -127,14 +127,12 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
     res = read_resources(art.cubin, text)
     assert 0 < res.registers <= 255
     if config.producer_warp:
-        # The MMA warpgroups get 240 registers each (setmaxnreg; the producer keeps 24),
-        # fewer than the 244-255 these tiles take without the producer: ptxas spills some
-        # loop-carried values to L1 (0-41 stores; measured faster all the same,
-        # docs/backward.md steps 8-9). More means a change pushed a tile over.
-        assert res.registers == 168 and res.spill_stores <= 48, res
-        if head_dim == 128 and not windowed:
-            # Assembled at -O1: 6 spill stores where -O3 left 18 (+5 to +11 %).
-            assert config.ptxas_opt_level == 1 and res.spill_stores <= 8, res
+        # The MMA warpgroups get 240 registers each (setmaxnreg; the producer keeps 24).
+        # With the store addresses recomputed per block (step 14) only B_r = 128 spills: 1
+        # value plain, 18 in the masked body (before: 25 and 42, and 6-21 at hd128). More
+        # means a change pushed a tile over.
+        assert res.registers == 168, res
+        assert res.spill_stores <= (20 if windowed else 2 if head_dim == 64 else 0), res
     else:
         assert not res.spills, res
 

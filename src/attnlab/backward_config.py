@@ -49,8 +49,9 @@ class BackwardConfig:
             L2 sections of (sequence, K/V head) pairs (the forward's ``lpt``, read the other
             way round: a causal band gives the first K/V blocks the most query blocks), so
             the short ones fill the grid's tail.
-        ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): at hd128 the sm_90a
-            default spills 18 values at -O3 and 6 at -O1.
+        ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): -O1 spilled fewer
+            values at hd128 (6 against 18) until the store addresses were recomputed per
+            block (step 14); since then -O3 spills none there and measures 0-2 % faster.
     """
 
     block_m: int = 64
@@ -208,7 +209,6 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
                      ) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
     first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``;
-    assembled at ptxas -O1 at hd128;
     above hd128 the 64 x 64 tile whose warpgroups split the head dim, with as many ring
     stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
     128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
@@ -235,11 +235,8 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool) -> BackwardConfig |
                                    lpt=True)
             return split if split.smem_bytes(head_dim) <= capacity else split.replace(
                 q_stages=1)
-        # ptxas -O1 at hd128: 6 spilled values instead of 18 (causal 16 / 21), +5 to +11 %
-        # (twenty-second session); at hd64 it spills more (54 against 25).
         return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
-                              producer_warp=True, lpt=True,
-                              ptxas_opt_level=1 if head_dim == 128 else 3)
+                              producer_warp=True, lpt=True)
     if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
         candidates = tuple(BackwardConfig(block_n=64, block_m=32, q_stages=stages)
                            for stages in (2, 1))
