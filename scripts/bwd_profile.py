@@ -1,4 +1,5 @@
-"""Where the backward's time goes, attnlab against FA4, at issue 20's anchor points.
+"""Where the backward's time goes, attnlab against FA4 (or its mma.sync kernel against FA2),
+at issue 20's anchor points.
 
 Two parts, each per (impl, point): the backward alone through autograd under the torch
 profiler (every CUDA kernel it launches, device time each: the preprocess, the main kernel,
@@ -50,19 +51,48 @@ def forward(impl: str, q, k, v, causal: bool) -> torch.Tensor:
     if impl == "attnlab":
         import attnlab
         return attnlab.attention(q, k, v, softmax_scale=scale, causal=causal)
+    if impl == "fa2":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal,
+                scale=scale).transpose(1, 2)
     from flash_attn.cute import flash_attn_func
     return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)[0]
+
+
+def sm80_backward(q, k, v, do, causal: bool):
+    """attnlab's ``mma.sync`` backward (the sm_80 default config) on this GPU, called
+    directly (autograd picks the sm_90a kernel here)."""
+    import attnlab
+    from attnlab import backward
+    from attnlab.backward_config import default_backward
+
+    scale = 1 / math.sqrt(q.shape[-1])
+    out, lse = attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
+                                 return_lse=True)
+    config = default_backward(q.shape[-1], "sm_80")
+    return lambda: backward.attention_backward(
+        do, q, k, v, out, lse, None, None, None, None, None, scale,
+        (-1, 0) if causal else (-1, -1), config=config)
 
 
 def one_backward(impl: str, hd: int, seqlen: int, causal: bool, region) -> None:
     """Warm up, then one backward inside ``region`` (a context manager)."""
     q, k, v, do = inputs(hd, seqlen)
+    if impl == "sm80":
+        run = sm80_backward(q.detach(), k.detach(), v.detach(), do, causal)
+    else:
+        def run():
+            forward(impl, q, k, v, causal).backward(do)
     for _ in range(3):
-        forward(impl, q, k, v, causal).backward(do)
-    out = forward(impl, q, k, v, causal)
+        run()
+    if impl != "sm80":
+        out = forward(impl, q, k, v, causal)
+        run = lambda: out.backward(do)  # noqa: E731
     torch.cuda.synchronize()
     with region():
-        out.backward(do)
+        run()
         torch.cuda.synchronize()
 
 
@@ -111,9 +141,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--points", nargs="*", default=["64,2048,0", "64,2048,1"],
                         help="HD,SEQLEN,CAUSAL(0|1)")
-    parser.add_argument("--impls", default="attnlab,fa4")
+    parser.add_argument("--impls", default="attnlab,fa4",
+                        help="attnlab, fa4, fa2 (SDPA flash), sm80 (attnlab's mma.sync kernel)")
     parser.add_argument("--no-ncu", action="store_true")
-    parser.add_argument("--target", help="run one backward for ncu (attnlab or fa4)")
+    parser.add_argument("--target", help="run one backward for ncu (an --impls name)")
     parser.add_argument("--point")
     args = parser.parse_args()
     if args.target:
