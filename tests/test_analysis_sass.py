@@ -64,6 +64,12 @@ def sass(*lines: str) -> list:
 # ---------------------------------------------------------------------------------------------
 # Parsing, histograms, groups
 # ---------------------------------------------------------------------------------------------
+def test_parse_keeps_a_lowercase_vector_width_in_the_opcode():
+    (red,) = sass("REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR20][R36.64], R4 ;")
+    assert red.opcode == "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU"
+    assert red.operands.strip() == "desc[UR20][R36.64], R4"
+
+
 def test_parse_reads_encodings_without_changing_instructions(build):
     cubin = build(ladder.k02).cubin
     plain, encoded = parse(disassemble(cubin)), parse(disassemble(cubin, encodings=True))

@@ -137,6 +137,21 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         assert not res.spills, res
 
 
+def test_mma_sync_kernel_on_sm90_adds_dq_in_column_pairs(tmp_path):
+    """The mma.sync kernel built for sm_90a adds dQ by ``red.global.add.v2.f32``: one
+    reduce per pair of neighbouring columns (half the L2 operations of scalar reduces,
+    docs/backward.md step 15); for sm_80, which has no vector reduce, one per value."""
+    config = default_backward(128, "sm_80")
+    values = config.block_m * 128 // config.num_threads
+    for arch, opcode, per_value in (("sm_90a", "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU", 2),
+                                    ("sm_80", "RED.E.ADD.F32.FTZ.RN.STRONG.GPU", 1)):
+        spec = BackwardSpec(config, arch, "bfloat16", 128, False, False, False)
+        ops = [i.opcode for i in parse(disassemble(compile_spec(spec, tmp_path).cubin))]
+        reduces = [op for op in ops if op.startswith("RED")]
+        # Two loop bodies (blocks with and without a mask).
+        assert reduces == [opcode] * (2 * values // per_value), (arch, sorted(set(reduces)))
+
+
 @pytest.mark.parametrize("arch, head_dim, varlen, with_dlse", [
     ("sm_80", 128, True, False), ("sm_90a", 64, False, True), ("sm_90a", 96, False, False)])
 def test_preprocess_kernel_shares_rows_between_lanes(arch, head_dim, varlen, with_dlse,

@@ -46,11 +46,12 @@ from pathlib import Path
 from attnlab.analysis.control_codes import issue_intervals, stall_summary
 from attnlab.analysis.tools import find_tool
 
-# "/*0a30*/  @!P4 LDGSTS.E.BYPASS.LTC128B.128 [R2+0x1000], [R18.64] ;"
+# "/*0a30*/  @!P4 LDGSTS.E.BYPASS.LTC128B.128 [R2+0x1000], [R18.64] ;" (a modifier may end in a
+# lowercase vector width: REDG.E.ADD.F32x2.FTZ...)
 # With ``nvdisasm -hex`` the two 64-bit words of the encoding follow as comments (low word
 # first; the second sits on the next line).
 _INSTRUCTION = re.compile(
-    r"^\s*/\*(?P<addr>[0-9a-f]+)\*/\s+(?P<pred>@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
+    r"^\s*/\*(?P<addr>[0-9a-f]+)\*/\s+(?P<pred>@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+(?:x\d+)?)*)"
     r"(?P<operands>[^;]*);"
     r"(?:\s*/\*\s*0x(?P<lo>[0-9a-f]{16})\s*\*/\s*/\*\s*0x(?P<hi>[0-9a-f]{16})\s*\*/)?",
     re.MULTILINE,

@@ -76,6 +76,8 @@ class BackwardKernel(AttentionKernel):
     def __init__(self, spec: BackwardSpec):
         super().__init__(spec)
         self.deterministic = spec.deterministic
+        # sm_90's reduce takes two fp32 at once (red.global.add.v2.f32).
+        self.paired_reduce = spec.arch == "sm_90a"
 
     # ---- what an architecture supplies -------------------------------------------------------
     def smem_layouts(self) -> tuple:
@@ -381,11 +383,20 @@ class BackwardKernel(AttentionKernel):
     def add_dq(self, ops: tuple, acc_dQ: cute.Tensor, gdQ: cute.Tensor, tdQcdQ: cute.Tensor,
                rows_left, tidx):
         """dq_accum's tile ``gdQ`` += this thread's part of dS K_j: ``red.global.add.f32``
-        per element (rows at or past ``rows_left`` left alone)."""
+        per element, or per pair of neighbouring columns on sm_90 (``.v2``: a warp's
+        instruction then fills whole 32-byte sectors, half the reduce instructions and L2
+        operations; rows at or past ``rows_left`` left alone)."""
         tdQgdQ = self.tiled_mmas_of(ops)[-1].get_slice(tidx).partition_C(gdQ)
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+        # An MMA accumulator's values come in pairs of neighbouring columns.
+        step = 2 if self.paired_reduce else 1
+        for i in cutlass.range_constexpr(0, cute.size(acc_dQ), step):
             if tdQcdQ[i][0] < rows_left:
-                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i],
+                value = acc_dQ[i]
+                if cutlass.const_expr(step == 2):
+                    pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+                    pair[0], pair[1] = acc_dQ[i], acc_dQ[i + 1]
+                    value = pair.load().ir_value()
+                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), value,
                               op="add", dtype="f32", sem="relaxed", scope="gpu")
 
     def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
