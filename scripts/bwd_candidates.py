@@ -38,6 +38,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "O1": {"ptxas_opt_level": 1},
     "O3": {"ptxas_opt_level": 3},
     "sm80": {"default_of": "sm_80"},
+    "sm80_kv_n2": {"default_of": "sm_80", "kv_warps_n": 2},
+    "sm80_kv_n2_dq2": {"default_of": "sm_80", "kv_warps_n": 2, "dq_warps_m": 2},
+    "sm80_dq2": {"default_of": "sm_80", "dq_warps_m": 2},
+    "sm80_bm128_kv_n2": {"default_of": "sm_80", "block_m": 128, "kv_warps_n": 2},
+    "sm80_bm128_kv_n2_dq4": {"default_of": "sm_80", "block_m": 128, "kv_warps_n": 2,
+                             "dq_warps_m": 4},
 }
 
 

@@ -31,6 +31,9 @@ from attnlab.kernels.common.backward_walk import BackwardKernel
     ({"wgmma": True, "dq_warps_m": 4}, "wgmma needs"),
     ({"wgmma": True, "block_n": 64, "block_m": 128}, "wgmma needs"),
     ({"producer_warp": True}, "producer_warp needs wgmma"),
+    ({"kv_warps_n": 3}, "kv_warps_n must be"),
+    ({"kv_warps_n": 2, "wgmma": True}, "kv_warps_n is the mma.sync"),
+    ({"kv_warps_n": 2, "block_m": 16}, "must split into 2 warps"),
 ])
 def test_bad_configs_say_why(knobs, message):
     with pytest.raises(ConfigError, match=message):
@@ -56,7 +59,12 @@ def test_defaults_per_arch():
         for head_dim in backward_head_dims(arch):
             config = default_backward(head_dim, arch)
             assert config.wgmma == (arch == "sm_90a")
-            assert config.split_head_dim == (head_dim > 128)
+            # Above hd128 the warps split the head dim (dK and dV would not fit); on sm_80 at
+            # hd64 and hd128, FA2's two-dimensional layout does (packed: not).
+            assert config.split_head_dim == (head_dim > 128 or (
+                arch == "sm_80" and head_dim in (64, 128))), (arch, head_dim)
+            assert not default_backward(head_dim, arch, varlen=True).kv_warps_n
+            assert not default_backward(head_dim, arch, deterministic=True).kv_warps_n
             config.check_problem(head_dim, arch)
     assert backward_head_dims("sm_80") == backward_head_dims("sm_90a") == (
         32, 64, 96, 128, 192, 256)
@@ -135,6 +143,23 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         assert res.spill_stores <= (20 if windowed else 2 if head_dim == 64 else 0), res
     else:
         assert not res.spills, res
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_two_dimensional_warp_layout_reads_less_shared_memory(arch, tmp_path):
+    """The hd128 default's ``kv_warps_n=2`` (FA2's warp layout: pairs of warps share 32 key
+    rows and split B_r and D): within sm_80's shared memory, no spills, and fewer
+    ``ldmatrix`` than the one-dimensional layout, whose every warp reads all of Q_i and
+    dO_i."""
+    loads = {}
+    for config in (default_backward(128, "sm_80"), BackwardConfig(kv_warps_n=1)):
+        config.check_problem(128, arch)
+        art = compile_spec(BackwardSpec(config, arch, "bfloat16", 128, False, False, False),
+                           tmp_path)
+        text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, text).spills
+        loads[config.split_head_dim] = histogram(parse(text))["LDSM"]
+    assert loads[True] <= 0.85 * loads[False], loads
 
 
 def test_mma_sync_kernel_on_sm90_adds_dq_in_column_pairs(tmp_path):

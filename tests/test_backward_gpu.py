@@ -294,6 +294,8 @@ def test_training_loop_loss_matches_sdpa():
 
 #: (config knobs, head dim) of each backward kernel and tile the GPU may run.
 KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
+           "mma_sync_kv_n2": ({"kv_warps_n": 2}, 128),
+           "mma_sync_kv_n2_hd64": ({"kv_warps_n": 2, "dq_warps_m": 2}, 64),
            "wgmma": ({"wgmma": True}, 128),
            "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64),
            "wgmma_split_d": ({"wgmma": True, "block_n": 64, "producer_warp": True}, 128),

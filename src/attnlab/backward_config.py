@@ -29,13 +29,19 @@ class BackwardConfig:
 
     Attributes:
         block_m: B_r, query rows per step of the walk (a multiple of 16).
-        block_n: B_c, key rows per CTA: ``16 * num_warps`` (each warp owns 16 key rows), or
-            ``8 * num_warps`` (two warps share 16 key rows: ``split_head_dim``).
+        block_n: B_c, key rows per CTA: a multiple of 16 per warp along it (``kv_warps``):
+            ``16 * num_warps`` (each warp owns 16 key rows), ``8 * num_warps`` (two warps
+            share 16 key rows: ``split_head_dim``), or with ``kv_warps_n`` more rows per
+            warp.
         num_warps: 4 or 8.
         q_stages: shared-memory buffers of Q_i and dO_i: 2 loads the next query block while
             this one computes; 1 loads it after (less shared memory, exposed latency).
         dq_warps_m: warps along B_r in dQ += dS K (the rest split the head dim); 0 picks
             ``min(num_warps, block_m / 16)``.
+        kv_warps_n: mma.sync, warps that share key rows, splitting B_r in S^T and dP^T and
+            the head dim in dV and dK (FA2's two-dimensional warp layout): each reads a
+            share of Q_i and dO_i instead of the whole tiles, and P^T joins dS^T in shared
+            memory (``split_head_dim``); 0 picks 2 when ``block_n = 8 * num_warps``, else 1.
         wgmma: the Hopper kernel (sm_90a): two warpgroups of 64 key rows each (B_c = 128,
             8 warps) issue warpgroup MMAs that read Q, dO, K, V and dS from shared memory
             through descriptors; B_r = 64 (dQ's two warpgroups split the head dim) or 128
@@ -59,6 +65,7 @@ class BackwardConfig:
     num_warps: int = 8
     q_stages: int = 2
     dq_warps_m: int = 0
+    kv_warps_n: int = 0
     wgmma: bool = False
     producer_warp: bool = False
     lpt: bool = False
@@ -71,13 +78,24 @@ class BackwardConfig:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.num_warps not in (4, 8):
             raise ConfigError(f"num_warps must be 4 or 8, got {self.num_warps}")
-        if self.block_n not in (MMA_M * self.num_warps, 8 * self.num_warps) and not self.wgmma:
-            raise ConfigError(f"block_n must be 16 * num_warps = {MMA_M * self.num_warps} (each "
-                              f"warp owns 16 key rows) or 8 * num_warps (two warps share them), "
-                              f"got {self.block_n}")
+        if self.kv_warps_n not in (0, 1, 2) or isinstance(self.kv_warps_n, bool):
+            raise ConfigError(f"kv_warps_n must be 0 (derived), 1 or 2, got {self.kv_warps_n!r}")
+        if self.kv_warps_n and self.wgmma:
+            raise ConfigError("kv_warps_n is the mma.sync kernel's warp layout (wgmma's "
+                              "warpgroups split the head dim at block_n=64)")
+        along_c, along_n = self.kv_warps
+        if not self.wgmma and (self.block_n % (MMA_M * along_c)
+                               or self.block_n < 8 * self.num_warps):
+            raise ConfigError(f"block_n must be a multiple of 16 per warp along it ({along_c} "
+                              f"warps: 16 * num_warps = {MMA_M * self.num_warps} when each warp "
+                              f"owns 16 key rows, 8 * num_warps when two share them), got "
+                              f"{self.block_n}")
         if self.block_m % MMA_M or not 16 <= self.block_m <= 128:
             raise ConfigError(f"block_m must be a multiple of 16 from 16 to 128, got "
                               f"{self.block_m}")
+        if not self.wgmma and self.block_m % (MMA_M * along_n):
+            raise ConfigError(f"block_m={self.block_m} must split into {along_n} warps' "
+                              "16-column slices of S^T")
         if self.ptxas_opt_level not in (0, 1, 2, 3) or isinstance(self.ptxas_opt_level, bool):
             raise ConfigError(f"ptxas_opt_level must be 0, 1, 2 or 3, got "
                               f"{self.ptxas_opt_level!r}")
@@ -106,6 +124,12 @@ class BackwardConfig:
         return wm, self.num_warps // wm
 
     @property
+    def kv_warps(self) -> tuple[int, int]:
+        """mma.sync: warps of S^T, dP^T, dV and dK along (B_c, B_r or D)."""
+        along_n = self.kv_warps_n or (2 if self.block_n == 8 * self.num_warps else 1)
+        return self.num_warps // along_n, along_n
+
+    @property
     def split_head_dim(self) -> bool:
         """Two warpgroups (wgmma, B_c = 64) or two warps (mma.sync, B_c = 8 per warp) work on
         the same key rows and split the head dim of dK and dV between them (FA3's tile above
@@ -113,7 +137,7 @@ class BackwardConfig:
         memory, as dV's A operand."""
         if self.wgmma:
             return self.block_n == 64
-        return self.block_n == 8 * self.num_warps
+        return self.kv_warps[1] > 1
 
     @property
     def num_threads(self) -> int:
@@ -154,6 +178,8 @@ class BackwardConfig:
         flags.append(f"q_stages_{self.q_stages}")
         if self.dq_warps_m:
             flags.append(f"dq_warps_m_{self.dq_warps_m}")
+        if self.kv_warps_n:
+            flags.append(f"kv_warps_n_{self.kv_warps_n}")
         if self.ptxas_opt_level != 3:
             flags.append(f"ptxas_O{self.ptxas_opt_level}")
         return f"bwd({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
@@ -183,6 +209,9 @@ class BackwardConfig:
                               f"thread, too many at head_dim={head_dim}: above "
                               f"{WHOLE_ROWS_MAX_HEAD_DIM} the warps must split the head dim "
                               "(block_n=64 with wgmma, 8 * num_warps with mma.sync)")
+        if not self.wgmma and head_dim % (16 * self.kv_warps[1]):
+            raise ConfigError(f"head_dim={head_dim} must split into {self.kv_warps[1]} "
+                              "16-column slices for dV and dK")
         if head_dim % (16 * self.dq_warps[1]):
             raise ConfigError(f"head_dim={head_dim} must split into {self.dq_warps[1]} "
                               "16-column slices for dQ")
@@ -205,20 +234,22 @@ def backward_head_dims(arch: str) -> tuple[int, ...]:
     return tuple(d for d in BACKWARD_HEAD_DIMS if _default_or_none(d, arch, False) is not None)
 
 
-def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
-                     ) -> BackwardConfig:
+def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
+                     deterministic: bool = False) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
     first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``;
     above hd128 the 64 x 64 tile whose warpgroups split the head dim, with as many ring
     stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
     128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
     offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one Q/dO
-    stage, then B_c = 64); above hd128 its warps split the head dim in pairs (B_c = 64, B_r
-    = 32: dQ's and the fragments' registers beside dK's and dV's 128)."""
+    stage, then B_c = 64); for dense batches at hd64 and hd128 (not ``deterministic``) its
+    warps split B_r and D in pairs (``TWO_D_TILES``); above hd128 they split the head dim in
+    pairs (B_c = 64, B_r = 32: dQ's and the fragments' registers beside dK's and dV's
+    128)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
-    config = _default_or_none(head_dim, arch, varlen)
+    config = _default_or_none(head_dim, arch, varlen, deterministic)
     if config is None:
         raise ConfigError(f"no backward tile at head_dim={head_dim} fits the shared memory "
                           f"of {arch} ({SMEM_CAPACITY.get(arch)} bytes); it serves "
@@ -226,7 +257,15 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False
     return config
 
 
-def _default_or_none(head_dim: int, arch: str, varlen: bool) -> BackwardConfig | None:
+#: The mma.sync kernel's tiles in FA2's two-dimensional warp layout, where they measured
+#: faster (+10-12 % at hd128, +11 % at hd64 with B_r = 128, H200, docs/backward.md step 16);
+#: dense batches only: with packed sequences or the deterministic turn they spill.
+TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4),
+               128: BackwardConfig(kv_warps_n=2, dq_warps_m=2)}
+
+
+def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool = False
+                     ) -> BackwardConfig | None:
     """``default_backward``'s choice, or None when no candidate fits ``arch``."""
     capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
     if arch == "sm_90a":
@@ -245,4 +284,6 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool) -> BackwardConfig |
         candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
             {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
             {"num_warps": 4, "block_n": 64, "q_stages": 1}))
+        if not (varlen or deterministic) and head_dim in TWO_D_TILES:
+            candidates = (TWO_D_TILES[head_dim], *candidates)
     return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)

@@ -6,10 +6,12 @@ supplies the ``mma.sync`` GEMMs. Four of the five are the forward's two shapes
 operands K-major (``ldmatrix``); dV += P^T dO and dK += dS^T Q are O += P V with A from the
 accumulator registers and B read by ``ldmatrix.trans``; dQ += dS K reads dS^T by
 ``ldmatrix.trans`` as its A operand. The warps split B_c for the first four (16 key rows
-each) and (B_r, D) for dQ (``BackwardConfig.dq_warps``). Above hd128 (``split_head_dim``)
-two warps share 16 key rows and split B_r (S^T, dP^T) and D (dV, dK) between them: dK and
-dV take D fp32 values per thread instead of 2 D, and P^T and dS^T, another warp's registers
-now, reach dV and dK through shared memory by ``ldmatrix``. Every GEMM loads its shared
+each) and (B_r, D) for dQ (``BackwardConfig.dq_warps``). With ``kv_warps_n = 2``
+(``split_head_dim``: FA2's two-dimensional layout, and above hd128 the only one whose dK and
+dV fit) two warps share their key rows and split B_r (S^T, dP^T) and D (dV, dK) between
+them: each reads half of Q_i and dO_i instead of the whole tiles, dK and dV take half the
+registers, and P^T and dS^T, partly another warp's registers now, reach dV and dK through
+shared memory by ``ldmatrix``. Every GEMM loads its shared
 operands one MMA_K step at a time, the next step's ``ldmatrix`` before this step's MMAs (the
 forward's measured schedule, kernels 4-5).
 """
@@ -46,8 +48,7 @@ class FlashBackwardSm80(BackwardKernel):
         cfg = self.cfg
         op = warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16))
         wm, wn = cfg.dq_warps
-        along_c = cfg.block_n // 16
-        along_n = cfg.num_warps // along_c
+        along_c, along_n = cfg.kv_warps
         # N = 16 per warp lets one ldmatrix.x4 feed two n8 MMAs of the B operand.
         return (cute.make_tiled_mma(op, (along_c, along_n, 1),
                                     permutation_mnk=(cfg.block_n, along_n * 16, 16)),
