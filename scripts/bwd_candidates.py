@@ -2,7 +2,7 @@
 ``backward_config.default_backward`` is chosen from).
 
 Usage (GPU): python scripts/bwd_candidates.py [--head-dims 64,128] [--seqlens 2048,8192]
-[--masks plain,causal] [--out DIR]
+[--masks plain,causal] [--work backward|forward+backward] [--out DIR]
 Per point (bf16, 16k tokens, hidden 2048), the backward alone: the peers (SDPA flash, cuDNN,
 FA4) through autograd from a kept graph, attnlab's candidates (``VARIANTS``: knob changes on
 the default) through ``backward.attention_backward`` on the forward's saved output, its
@@ -48,19 +48,32 @@ VARIANTS: dict[str, dict[str, object]] = {
 }
 
 
-def candidate_impl(config: BackwardConfig):
-    """The backward alone, on the saved forward of each input set."""
+def candidate_impl(config: BackwardConfig, arch: str, work: str):
+    """The backward alone, on the saved forward of each input set; or (``work`` =
+    ``"forward+backward"``) the forward of ``arch``'s default (the mma.sync one for
+    ``sm_80``) and the backward, every call."""
     import attnlab
+    from attnlab.policy import default_for
 
     saved: dict[tuple, tuple] = {}
 
+    def forward(q, k, v, scale, causal):
+        forward_config = default_for(arch, q.shape[-1], causal) if arch != "sm_90a" else None
+        return attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
+                                 return_lse=True, config=forward_config)
+
     def run(q, k, v, scale, causal=False):
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), causal)
-        if key not in saved:
-            out, lse = attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
-                                         return_lse=True)
-            saved[key] = (torch.randn_like(out), out, lse)
-        dout, out, lse = saved[key]
+        if work == "forward+backward":
+            out, lse = forward(q, k, v, scale, causal)
+            if key not in saved:
+                saved[key] = (torch.randn_like(out),)
+            dout = saved[key][0]
+        else:
+            if key not in saved:
+                out, lse = forward(q, k, v, scale, causal)
+                saved[key] = (torch.randn_like(out), out, lse)
+            dout, out, lse = saved[key]
         return backward.attention_backward(dout, q, k, v, out, lse, None, None, None, None,
                                            None, scale, (-1, 0) if causal else (-1, -1),
                                            config=config)
@@ -76,35 +89,39 @@ def main() -> None:
     parser.add_argument("--seqlens", default="2048,8192")
     parser.add_argument("--masks", default="plain,causal")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--work", choices=["backward", "forward+backward"], default="backward",
+                        help="forward+backward: each variant with its arch's default forward")
     args = parser.parse_args()
     names = args.variants.split(",")
     points = [Point(16384 // s, s, s, 2048 // hd, hd, "bfloat16", mask == "causal",
-                    work="backward")
+                    work=args.work)
               for hd in map(int, args.head_dims.split(","))
               for s in map(int, args.seqlens.split(","))
               for mask in args.masks.split(",")]
 
-    def configs(head_dim: int) -> dict[str, BackwardConfig]:
+    def configs(head_dim: int) -> dict[str, tuple[BackwardConfig, str]]:
+        """Per variant name, its backward config and the arch whose default it starts
+        from."""
         found = {}
         for name in names:
             try:
                 knobs = dict(VARIANTS[name])
-                start = default_backward(head_dim, str(knobs.pop("default_of", "sm_90a")))
-                found[name] = start.replace(**knobs)
-                found[name].check_problem(head_dim, "sm_90a")
+                arch = str(knobs.pop("default_of", "sm_90a"))
+                config = default_backward(head_dim, arch).replace(**knobs)
+                config.check_problem(head_dim, "sm_90a")
+                found[name] = (config, arch)
             except ValueError as exc:
                 print(f"hd{head_dim} {name}: {exc}")
-                found.pop(name, None)
         return found
 
     kernel_cache.warm([BackwardSpec(cfg, "sm_90a", "bfloat16", p.head_dim, p.causal)
-                       for p in points for cfg in configs(p.head_dim).values()], jobs=16)
-    peers = {name: training_impl(fn, "backward") for name, fn in available_peers().items()
+                       for p in points for cfg, _ in configs(p.head_dim).values()], jobs=16)
+    peers = {name: training_impl(fn, args.work) for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
     rows = []
     for point in points:
-        impls = {**peers, **{name: candidate_impl(cfg)
-                             for name, cfg in configs(point.head_dim).items()}}
+        impls = {**peers, **{name: candidate_impl(cfg, arch, args.work)
+                             for name, (cfg, arch) in configs(point.head_dim).items()}}
         results = measure_point(point, impls, runs=args.runs)
         row = {"point": point.label(), "results": {
             r.impl: [r.tflops, r.device_tflops, r.error] for r in results}}
