@@ -50,15 +50,17 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 def candidate_impl(config: BackwardConfig, arch: str, work: str):
     """The backward alone, on the saved forward of each input set; or (``work`` =
-    ``"forward+backward"``) the forward of ``arch``'s default (the mma.sync one for
-    ``sm_80``) and the backward, every call."""
+    ``"forward+backward"``) a forward and the backward, every call. The forward is the
+    default, or for a variant of the sm_80 backward the ``mma.sync`` forward measured best
+    on Hopper (``mma_sync_default_for``): the sm80 path on this GPU."""
     import attnlab
-    from attnlab.policy import default_for
+    from attnlab.policy import mma_sync_default_for
 
     saved: dict[tuple, tuple] = {}
 
     def forward(q, k, v, scale, causal):
-        forward_config = default_for(arch, q.shape[-1], causal) if arch != "sm_90a" else None
+        forward_config = (None if arch == "sm_90a" else
+                          mma_sync_default_for("sm_90a", q.shape[-1], causal))
         return attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
                                  return_lse=True, config=forward_config)
 
