@@ -130,6 +130,8 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         per_body = 2 * head_dim // 16 + 2 * config.block_m // 16 + config.block_n // 16
         assert ops["HGMMA"] == per_body * bodies
         assert ops["UTMAREDG"] >= bodies and ops["LDSM"] == 0 and ops["RED"] == 0
+        # dS^T (and P^T when it goes to shared memory too) by stmatrix (step 17).
+        assert ops["STSM"] >= bodies
     else:
         assert ops["HMMA"] > 0 and ops["LDSM"] > 0 and ops["RED"] > 0
     res = read_resources(art.cubin, text)

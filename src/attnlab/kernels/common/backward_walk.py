@@ -501,7 +501,8 @@ class BackwardKernel(AttentionKernel):
             tidx = per_iteration(tidx, m_block)
         acc_dQ = self.gemm_dkv_dq(
             ops, stage, ds_stage, rP, rdS, acc_dK, acc_dV,
-            lambda: store_fragment(rdS, sdS[None, None, ds_stage], mmas[0], tidx))
+            lambda: store_fragment(rdS, sdS[None, None, ds_stage], mmas[0], tidx,
+                                   matrices=cfg.wgmma))
 
         # dQ_i added to dq_accum (in block order when deterministic).
         acc_dQ.store(acc_dQ.load() * softmax_scale)

@@ -291,7 +291,7 @@ class FlashBackwardSm90(BackwardKernel):
         if cutlass.const_expr(self.cfg.split_head_dim):
             sP, tidx, tP, tdS = shared_a
             store_ds()
-            store_fragment(rP, sP[None, None, ds_stage], mma_s, tidx)
+            store_fragment(rP, sP[None, None, ds_stage], mma_s, tidx, matrices=True)
             self.smem_to_mma()
             wgmma_gemm(mma_dkv, acc_dV, tP[None, None, None, ds_stage],
                        frags[4][None, None, None, stage], zero_init=False, wait=False)
