@@ -131,10 +131,10 @@ class BackwardConfig:
 
     @property
     def split_head_dim(self) -> bool:
-        """Two warpgroups (wgmma, B_c = 64) or two warps (mma.sync, B_c = 8 per warp) work on
-        the same key rows and split the head dim of dK and dV between them (FA3's tile above
-        hd128), so each holds D / 2 columns of dK and dV; P^T then joins dS^T in shared
-        memory, as dV's A operand."""
+        """Two warpgroups (wgmma, B_c = 64) or two warps (mma.sync, ``kv_warps_n = 2``) work
+        on the same key rows and split the head dim of dK and dV between them (FA3's tile
+        above hd128, FA2's layout below), so each holds D / 2 columns of dK and dV; P^T then
+        joins dS^T in shared memory, as dV's A operand."""
         if self.wgmma:
             return self.block_n == 64
         return self.kv_warps[1] > 1
