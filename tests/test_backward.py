@@ -147,6 +147,19 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
         assert not res.spills, res
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_two_dimensional_tiles_in_fp16_spill_a_few_values_at_most(head_dim, tmp_path):
+    """The sm_80 defaults' fp16 builds (the bf16 ones are spill-free, above): 0-8 spilled
+    values, plain and masked, where the one-dimensional tiles spill none (docs/backward.md,
+    "Next"); more means a change pushed these tiles further."""
+    config = default_backward(head_dim, "sm_80")
+    assert config.kv_warps_n == 2
+    for windowed in (False, True):
+        art = compile_spec(BackwardSpec(config, "sm_80", "float16", head_dim, windowed, False,
+                                        False), tmp_path)
+        assert read_resources(art.cubin, disassemble(art.cubin)).spill_stores <= 8
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_two_dimensional_warp_layout_reads_less_shared_memory(arch, tmp_path):
     """The hd128 default's ``kv_warps_n=2`` (FA2's warp layout: pairs of warps share 32 key
