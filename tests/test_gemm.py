@@ -326,3 +326,14 @@ def test_a_candidate_sweep_summary_ranks_end_to_end_against_the_peer():
     assert "a 2.00x (0.50) | cublas 1.00x (1.00) | b 0.50x" in line
     assert "broken" not in line
 
+
+
+def test_c_rows_the_tma_unit_cannot_write_are_refused_with_the_fix():
+    from attnlab.gemm.api import check_c_rows
+
+    check_c_rows(8, "bfloat16")
+    check_c_rows(4, "float32")
+    with pytest.raises(ValueError, match="pad N"):
+        check_c_rows(3, "bfloat16")
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        check_c_rows(6, "float16")

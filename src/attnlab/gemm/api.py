@@ -156,9 +156,7 @@ class _GemmCall:
         (self.m, self.k), self.n = a.shape, b.shape[1]
         self.out_dtype = out_dtype
         out_name = str(out_dtype).removeprefix("torch.")
-        if (self.n * element_bytes(out_name)) % GEMM_ALIGN_BYTES:
-            raise ValueError(f"C's rows ({self.n} x {out_name}) must be a multiple of "
-                             f"{GEMM_ALIGN_BYTES} bytes (the TMA unit's stride rule); pad N")
+        check_c_rows(self.n, out_name)
         self.empty = self.m == 0 or self.n == 0 or self.k == 0
         if self.empty:
             return
@@ -236,6 +234,14 @@ def tuned(info: device.DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k
     from attnlab.gemm.tune import gemm_key, tuned_config
 
     return tuned_config(tune_cache(), gemm_key(info, dtype, out_dtype, m, n, k))
+
+
+def check_c_rows(n: int, dtype_name: str) -> None:
+    """Refuse an output the TMA unit cannot write: rows of ``n`` values of ``dtype_name``
+    that are not a whole number of 16-byte units (ValueError)."""
+    if n * element_bytes(dtype_name) % GEMM_ALIGN_BYTES:
+        raise ValueError(f"C's rows ({n} x {dtype_name}) must be a multiple of "
+                         f"{GEMM_ALIGN_BYTES} bytes (the TMA unit's stride rule); pad N")
 
 
 def forget_calls() -> None:

@@ -25,7 +25,13 @@ import torch.nn.functional as F
 
 from attnlab import device, kernel_cache
 from attnlab.config import ConfigError
-from attnlab.gemm.api import GEMM_ARCHS, NO_EPILOGUE, operand_major, refuse_autograd
+from attnlab.gemm.api import (
+    GEMM_ARCHS,
+    NO_EPILOGUE,
+    check_c_rows,
+    operand_major,
+    refuse_autograd,
+)
 from attnlab.gemm.mma_sync import arch_of, check_b, k_major, run_tiles, tiles
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.gemm.abi import (
@@ -233,9 +239,7 @@ class _SparseWgmmaCall:
             self.b_major, view = operand_major("b", b, ("k", "n"))
             # A view is rebuilt per call only where a size-1 mode's stride had to be replaced.
             self.restride = view is not b
-            if n * b.element_size() % GEMM_ALIGN_BYTES:
-                raise ValueError(f"C's rows ({n} columns) must be a multiple of "
-                                 f"{GEMM_ALIGN_BYTES} bytes for the TMA unit; pad N")
+            check_c_rows(n, dtype)
         except ValueError:
             if config is not None:
                 raise
