@@ -46,19 +46,17 @@ def inputs(hd: int, seqlen: int) -> tuple[torch.Tensor, ...]:
                                 generator=gen)
 
 
+#: The peers by this script's names (``attnlab.bench.baselines``' factories).
+PEERS = {"fa2": "sdpa_flash", "fa4": "fa4"}
+
+
 def forward(impl: str, q, k, v, causal: bool) -> torch.Tensor:
     scale = 1 / math.sqrt(q.shape[-1])
     if impl == "attnlab":
         import attnlab
         return attnlab.attention(q, k, v, softmax_scale=scale, causal=causal)
-    if impl == "fa2":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(
-                *(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal,
-                scale=scale).transpose(1, 2)
-    from flash_attn.cute import flash_attn_func
-    return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)[0]
+    from attnlab.bench.baselines import available_peers
+    return available_peers()[PEERS[impl]](q, k, v, scale, causal)
 
 
 def sm80_backward(q, k, v, do, causal: bool):
