@@ -2,12 +2,13 @@
 ``backward_config.default_backward`` is chosen from).
 
 Usage (GPU): python scripts/bwd_candidates.py [--head-dims 64,128] [--seqlens 2048,8192]
-[--masks plain,causal] [--work backward|forward+backward] [--out DIR]
-Per point (bf16, 16k tokens, hidden 2048), the backward alone: the peers (SDPA flash, cuDNN,
-FA4) through autograd from a kept graph, attnlab's candidates (``VARIANTS``: knob changes on
-the default) through ``backward.attention_backward`` on the forward's saved output, its
-pre- and postprocess included. TFLOP/s (2.5x the forward's FLOPs) end to end and device
-only; the numbers go to OUT/bwd_candidates.json.
+[--masks plain,causal] [--work backward|forward+backward] [--dtype bfloat16|float16]
+[--out DIR]
+Per point (bf16 unless ``--dtype``, 16k tokens, hidden 2048), the backward alone: the peers
+(SDPA flash, cuDNN, FA4) through autograd from a kept graph, attnlab's candidates
+(``VARIANTS``: knob changes on the default) through ``backward.attention_backward`` on the
+forward's saved output, its pre- and postprocess included. TFLOP/s (2.5x the forward's
+FLOPs) end to end and device only; the numbers go to OUT/bwd_candidates.json.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "O1": {"ptxas_opt_level": 1},
     "O3": {"ptxas_opt_level": 3},
     "sm80": {"default_of": "sm_80"},
+    "sm80_O3": {"default_of": "sm_80", "ptxas_opt_level": 3},
     "sm80_1d": {"default_of": "sm_80", "block_m": 64, "kv_warps_n": 1, "dq_warps_m": 0},
     "sm80_kv_n2": {"default_of": "sm_80", "kv_warps_n": 2},
     "sm80_kv_n2_dq2": {"default_of": "sm_80", "kv_warps_n": 2, "dq_warps_m": 2},
@@ -91,11 +93,12 @@ def main() -> None:
     parser.add_argument("--seqlens", default="2048,8192")
     parser.add_argument("--masks", default="plain,causal")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--work", choices=["backward", "forward+backward"], default="backward",
                         help="forward+backward: each variant with its arch's default forward")
     args = parser.parse_args()
     names = args.variants.split(",")
-    points = [Point(16384 // s, s, s, 2048 // hd, hd, "bfloat16", mask == "causal",
+    points = [Point(16384 // s, s, s, 2048 // hd, hd, args.dtype, mask == "causal",
                     work=args.work)
               for hd in map(int, args.head_dims.split(","))
               for s in map(int, args.seqlens.split(","))
@@ -116,7 +119,7 @@ def main() -> None:
                 print(f"hd{head_dim} {name}: {exc}")
         return found
 
-    kernel_cache.warm([BackwardSpec(cfg, "sm_90a", "bfloat16", p.head_dim, p.causal)
+    kernel_cache.warm([BackwardSpec(cfg, "sm_90a", args.dtype, p.head_dim, p.causal)
                        for p in points for cfg, _ in configs(p.head_dim).values()], jobs=16)
     peers = {name: training_impl(fn, args.work) for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}

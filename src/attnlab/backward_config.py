@@ -56,8 +56,10 @@ class BackwardConfig:
             way round: a causal band gives the first K/V blocks the most query blocks), so
             the short ones fill the grid's tail.
         ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): -O1 spilled fewer
-            values at hd128 (6 against 18) until the store addresses were recomputed per
-            block (step 14); since then -O3 spills none there and measures 0-2 % faster.
+            values in the wgmma kernel at hd128 (6 against 18) until the store addresses
+            were recomputed per block (step 14); since then -O3 spills none there and
+            measures 0-2 % faster. The mma.sync tiles that hold 255 registers take -O1
+            (``FULL_TILE_OPT_LEVEL``, step 18).
     """
 
     block_m: int = 64
@@ -237,15 +239,16 @@ def backward_head_dims(arch: str) -> tuple[int, ...]:
 def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
                      deterministic: bool = False) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
-    first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``;
-    above hd128 the 64 x 64 tile whose warpgroups split the head dim, with as many ring
-    stages as shared memory holds); elsewhere the mma.sync one with FA2's sm80 tile (B_c =
-    128 over 8 warps, B_r = 64; B_r = 32 for packed sequences at hd128, whose sequence
-    offsets push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one Q/dO
-    stage, then B_c = 64); for dense batches at hd64 and hd128 (not ``deterministic``) its
-    warps split B_r and D in pairs (``TWO_D_TILES``); above hd128 they split the head dim in
-    pairs (B_c = 64, B_r = 32: dQ's and the fragments' registers beside dK's and dV's
-    128)."""
+    first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``,
+    but for packed sequences in the deterministic turn; above hd128 the 64 x 64 tile whose
+    warpgroups split the head dim, with as many ring stages as shared memory holds);
+    elsewhere the mma.sync one with FA2's sm80 tile (B_c = 128 over 8 warps, B_r = 64; B_r =
+    32 for packed sequences or the deterministic turn at hd128, whose offsets and turn
+    counters push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one
+    Q/dO stage, then B_c = 64); for dense batches at hd64 and hd128 (not ``deterministic``)
+    its warps split B_r and D in pairs (``TWO_D_TILES``); above hd128 they split the head
+    dim in pairs (B_c = 64, B_r = 32: dQ's and the fragments' registers beside dK's and
+    dV's 128)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
@@ -257,11 +260,18 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     return config
 
 
+#: The ptxas level of the mma.sync tiles that hold 255 registers (the two-dimensional ones,
+#: hd128 at B_r = 64): -O3 spilled 1-17 values there (fp16, the deterministic turn, masked
+#: bodies), -O1 none (docs/backward.md, step 18).
+FULL_TILE_OPT_LEVEL = 1
+
 #: The mma.sync kernel's tiles in FA2's two-dimensional warp layout, where they measured
 #: faster (+10-12 % at hd128, +11 % at hd64 with B_r = 128, H200, docs/backward.md step 16);
 #: dense batches only: with packed sequences or the deterministic turn they spill.
-TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4),
-               128: BackwardConfig(kv_warps_n=2, dq_warps_m=2)}
+TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4,
+                                  ptxas_opt_level=FULL_TILE_OPT_LEVEL),
+               128: BackwardConfig(kv_warps_n=2, dq_warps_m=2,
+                                   ptxas_opt_level=FULL_TILE_OPT_LEVEL)}
 
 
 def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool = False
@@ -274,16 +284,21 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool
                                    lpt=True)
             return split if split.smem_bytes(head_dim) <= capacity else split.replace(
                 q_stages=1)
-        return BackwardConfig(wgmma=True, block_m=128 if head_dim <= 64 else 64,
-                              producer_warp=True, lpt=True)
+        # B_r = 128 at hd64 but for packed sequences in the deterministic turn, whose
+        # offsets and turn counters beside it spill (step 18).
+        tall = head_dim <= 64 and not (varlen and deterministic)
+        return BackwardConfig(wgmma=True, block_m=128 if tall else 64, producer_warp=True,
+                              lpt=True)
     if head_dim > WHOLE_ROWS_MAX_HEAD_DIM:
         candidates = tuple(BackwardConfig(block_n=64, block_m=32, q_stages=stages)
                            for stages in (2, 1))
     else:
-        block_m = 32 if varlen and head_dim == 128 else 64
-        candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
-            {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
-            {"num_warps": 4, "block_n": 64, "q_stages": 1}))
+        block_m = 32 if (varlen or deterministic) and head_dim == 128 else 64
+        opt_level = FULL_TILE_OPT_LEVEL if head_dim == 128 and block_m == 64 else 3
+        candidates = tuple(
+            BackwardConfig(block_m=block_m, ptxas_opt_level=opt_level, **knobs)
+            for knobs in ({}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
+                          {"num_warps": 4, "block_n": 64, "q_stages": 1}))
         if not (varlen or deterministic) and head_dim in TWO_D_TILES:
             candidates = (TWO_D_TILES[head_dim], *candidates)
     return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)

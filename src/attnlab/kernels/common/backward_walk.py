@@ -260,6 +260,13 @@ class BackwardKernel(AttentionKernel):
         stats_shift = 0
         if cutlass.const_expr(self.stats_box != B_r):
             stats_shift = q_start % STATS_ROW_MULTIPLE
+        # K_j's first row, read again where it is used: held from K_j's load to the epilogue,
+        # a packed batch's offset spilled (hd64 B_r = 128, step 18).
+        def k_start_at(counter):
+            if cutlass.const_expr(self.varlen):
+                return mCuK[per_iteration(seq, counter)]
+            return k_start
+
         walk = (head_kv * group, group, m_min, m_max, m_max - m_min, batch, q_start, key0,
                 seqlen_q, seqlen_k, window_left, window_right, softmax_scale, mQ, mdQacc, mSem,
                 ring, sdS, copies, mmas, (pipe, loads), n_block, (seq, num_seqs), stats_shift)
@@ -271,16 +278,17 @@ class BackwardKernel(AttentionKernel):
                     self.produce(loads, pipe, ring, walk)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[MMA_WARPGROUPS])
-                self._consume(tidx - 128, mK, mV, mdK, mdV, k_start, head_kv, tiles, storage,
-                              walk)
+                self._consume(tidx - 128, mK, mV, mdK, mdV, k_start_at, head_kv, tiles,
+                              storage, walk)
         else:
-            self._consume(tidx, mK, mV, mdK, mdV, k_start, head_kv, tiles, storage, walk)
+            self._consume(tidx, mK, mV, mdK, mdV, k_start_at, head_kv, tiles, storage, walk)
 
     @cute.jit
     def _consume(self, tidx, mK: cute.Tensor, mV: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, k_start, head_kv, tiles: tuple, storage, walk: tuple):
+                 mdV: cute.Tensor, k_start_at, head_kv, tiles: tuple, storage, walk: tuple):
         """The MMA warps (``tidx``: their thread index): K_j and V_j, the walk over query
-        blocks, then dK_j and dV_j."""
+        blocks, then dK_j and dV_j (``k_start_at(counter)``: K_j's sequence's first row,
+        read afresh at each call)."""
         cfg, D = self.cfg, self.head_dim
         B_r, B_c = cfg.block_m, cfg.block_n
         (first_head, group, m_min, m_max, per_head, batch, q_start, key0, seqlen_q, seqlen_k,
@@ -298,8 +306,8 @@ class BackwardKernel(AttentionKernel):
         keys_left = seqlen_k - key0
         kv_coord = thr_load.partition_S(cute.make_identity_tensor((B_c, D)))
         for tensor, smem in ((mK, sK), (mV, sV)):
-            tile = cute.local_tile(sequence_rows(tensor, batch, k_start, head_kv), (B_c, D),
-                                   (n_block, 0))
+            tile = cute.local_tile(sequence_rows(tensor, batch, k_start_at(0), head_kv),
+                                   (B_c, D), (n_block, 0))
             load_rows(gmem_load, thr_load.partition_S(tile), thr_load.partition_D(smem),
                       kv_coord, keys_left, B_c)
 
@@ -341,9 +349,12 @@ class BackwardKernel(AttentionKernel):
         # ---- epilogue: dK (scaled) and dV through K's and V's shared memory ---------------
         cute.arch.cp_async_wait_group(0)
         self.consumers_sync()
+        # The staging addresses computed here, not held across the walk (hd64: 1 spill).
+        tidx = per_iteration(tidx, n_block)
         acc_dK.store(acc_dK.load() * softmax_scale)
         stage_o(acc_dK, sK, mma_dkv, tidx, self.dtype)
         stage_o(acc_dV, sV, mma_dkv, tidx, self.dtype)
+        k_start = k_start_at(n_block)
         gdK, gdV = (cute.local_tile(sequence_rows(grad, batch, k_start, head_kv), (B_c, D),
                                     (n_block, 0)) for grad in (mdK, mdV))
         store_rows(gmem_store, sK, gdK, tidx, keys_left, self.consumers_sync)
@@ -462,38 +473,56 @@ class BackwardKernel(AttentionKernel):
         scale_log2 = softmax_scale * LOG2_E
         lse = cute.make_rmem_tensor((ncols,), cutlass.Float32)
         dpsum = cute.make_rmem_tensor((ncols,), cutlass.Float32)
+        # The L and D rows of this thread's columns. In the deterministic turn the first is
+        # recomputed from the thread index in each block (held, it spilled at hd64; where
+        # nothing spills, holding it measured 2-4 % faster at hd128), the others at
+        # constant offsets from it.
+        cols = tScS_mn
+        if cutlass.const_expr(self.deterministic):
+            cols = acc_mn_view(mmas[0].get_slice(per_iteration(tidx, m_block)).partition_C(
+                cute.make_identity_tensor((cfg.block_n, B_r))))
+        stats_rows = [cols[0, 0][1] + stats_shift + (tScS_mn[0, c][1] - tScS_mn[0, 0][1])
+                      for c in range(ncols)]
 
         def probabilities(acc_S: cute.Tensor) -> None:
             # P^T (in place), while dP^T = V_j dO_i^T may still be on the tensor cores. L is
             # read here, once S^T has landed: read while the GEMMs run, it costs registers
             # (spills) and measured 6 % slower at hd128 seq 8k.
             for c in cutlass.range_constexpr(ncols):
-                lse[c] = sLSE[tScS_mn[0, c][1] + stats_shift, stage]
+                lse[c] = sLSE[stats_rows[c], stage]
             if cutlass.const_expr(masked):
                 apply_mask_transposed(acc_S, tScS_mn, key0, query0, seqlen_q, seqlen_k,
-                                      window_left, window_right, self.windowed)
+                                      window_left, window_right, self.windowed,
+                                      paired_columns=cfg.wgmma)
             s_mn = acc_mn_view(acc_S)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for c in cutlass.range_constexpr(ncols):
                     s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse[c],
                                                 fastmath=True)
             for c in cutlass.range_constexpr(ncols):
-                dpsum[c] = sdPsum[tScS_mn[0, c][1] + stats_shift, stage]
+                dpsum[c] = sdPsum[stats_rows[c], stage]
 
         acc_S, acc_dP = self.gemm_s_dp(ops, stage, probabilities)
-        # dS^T = P^T (dP^T - D_i).
+        # dS^T = P^T (dP^T - D_i), each value converted as it is made, so that the fp32
+        # registers free one by one (the last spilled values, step 18). P^T so too, except
+        # where a wgmma reads it from registers: ptxas then serializes that wgmma (20 -> 128
+        # warpgroup syncs, -16 % at hd64).
         s_mn = acc_mn_view(acc_S)
         dp_mn = acc_mn_view(acc_dP)
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rdS = cute.make_fragment_like(acc_dP, self.dtype)
+        rp_mn = acc_mn_view(rP)
+        rds_mn = acc_mn_view(rdS)
         for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
             for c in cutlass.range_constexpr(ncols):
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dpsum[c])
+                rds_mn[r, c] = (s_mn[r, c] * (dp_mn[r, c] - dpsum[c])).to(self.dtype)
+                if cutlass.const_expr(not cfg.wgmma):
+                    rp_mn[r, c] = s_mn[r, c].to(self.dtype)
+        if cutlass.const_expr(cfg.wgmma):
+            rP.store(acc_S.load().to(self.dtype))
 
         # dV_j += P^T dO_i and dK_j += dS^T Q_i, A from the accumulators' registers; dS^T
         # to shared memory for dQ_i += dS K_j.
-        rP = cute.make_fragment_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
-        rdS = cute.make_fragment_like(acc_dP, self.dtype)
-        rdS.store(acc_dP.load().to(self.dtype))
         ds_stage = it % cfg.ds_stages
         if cutlass.const_expr(cfg.wgmma):
             # dS^T's and dQ's store addresses recomputed in each block, not held (spilled)

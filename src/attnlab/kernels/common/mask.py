@@ -119,20 +119,24 @@ def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                     kept = cutlass.Boolean(keep & (cutlass.Uint32(1) << i))
                     s_mn[r, c] = s_mn[r, c] if kept else -cutlass.Float32.inf
     elif cutlass.const_expr(not windowed):
-        cols_left = seqlen_k - col0
+        # Relative to the thread's first column: each column's offset is then a constant of
+        # the layout (an immediate in the compare), not a register held per column.
+        first_col = tScS_mn[0, 0][1]
+        cols_left = seqlen_k - col0 - first_col
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            if tScS_mn[0, c][1] >= cols_left:
+            if tScS_mn[0, c][1] - first_col >= cols_left:
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     s_mn[r, c] = -cutlass.Float32.inf
     else:
-        # Per row: keys [lo, hi) relative to the tile's first column.
-        base = row0 + seqlen_k - seqlen_q - col0
+        # Per row: keys [lo, hi) relative to the thread's first column (as above).
+        first_col = tScS_mn[0, 0][1]
+        base = row0 + seqlen_k - seqlen_q - col0 - first_col
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             row = tScS_mn[r, 0][0]
-            hi = cutlass.min(base + row + right + 1, seqlen_k - col0)
+            hi = cutlass.min(base + row + right + 1, seqlen_k - col0 - first_col)
             lo = base + row - left
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                col = tScS_mn[0, c][1]
+                col = tScS_mn[0, c][1] - first_col
                 if col >= hi:
                     s_mn[r, c] = -cutlass.Float32.inf
                 if col < lo:
@@ -166,10 +170,11 @@ def masked_query_bounds(key0, seqlen_q, seqlen_k, left, right, m_min, m_max,
 def apply_mask_transposed(acc_St: cute.Tensor, tScS_mn: cute.Tensor, key0: cutlass.Int32,
                           query0: cutlass.Int32, seqlen_q: cutlass.Int32,
                           seqlen_k: cutlass.Int32, left: cutlass.Int32, right: cutlass.Int32,
-                          windowed: cutlass.Constexpr):
+                          windowed: cutlass.Constexpr, paired_columns: cutlass.Constexpr = False):
     """:func:`apply_mask` on S^T (``tScS_mn``: local (key, query) of each element), and the
     keys past Sk."""
-    apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed)
+    apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed,
+               paired_columns)
     s_mn = acc_mn_view(acc_St)
     keys_left = seqlen_k - key0
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
