@@ -83,6 +83,16 @@ def test_sparse_matmul_refuses_bad_calls():
         sparse_matmul(Sparse24(s.values.requires_grad_(), s.meta, s.k), b)
 
 
+def test_forget_calls_drops_the_sparse_signatures_too():
+    """``gemm.api.forget_calls`` (the benches' reset between configs) reaches the sparse
+    product's remembered sm_90 calls, whose keys hold the config."""
+    from attnlab.gemm import api, sparse
+
+    sparse._wgmma_calls[("signature",)] = object()
+    api.forget_calls()
+    assert not sparse._wgmma_calls
+
+
 def test_the_sparse_spec_takes_the_mma_sync_kernel_at_k_step_64():
     GemmSpec(SPARSE_CONFIG, "sm_80", "float16", "float16", "k", "k", sparse=True)
     for config, dtype in ((MmaGemmConfig(), "float16"),

@@ -245,5 +245,8 @@ def check_c_rows(n: int, dtype_name: str) -> None:
 
 
 def forget_calls() -> None:
-    """Drop every remembered call signature."""
+    """Drop every remembered call signature, the 2:4 sparse product's too."""
+    from attnlab.gemm import sparse
+
     _calls.clear()
+    sparse.forget()

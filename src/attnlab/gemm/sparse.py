@@ -272,3 +272,8 @@ class _SparseWgmmaCall:
 
 
 _wgmma_calls: dict[tuple, _SparseWgmmaCall] = {}
+
+
+def forget() -> None:
+    """Drop the sm_90 kernel's remembered call signatures (``gemm.api.forget_calls``)."""
+    _wgmma_calls.clear()
