@@ -150,9 +150,10 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
 
 @pytest.mark.parametrize("head_dim, deterministic", [(64, False), (128, False), (128, True)])
 def test_sm80_defaults_in_fp16_spill_nothing(head_dim, deterministic, tmp_path):
-    """The sm_80 defaults in fp16 (their bf16 builds are above): the two-dimensional tiles
-    at 255 registers spilled 1-8 values at -O3 and build at -O1 (``FULL_TILE_OPT_LEVEL``);
-    hd128's deterministic turn spilled 5-17 at B_r = 64 and takes B_r = 32 (step 18)."""
+    """The sm_80 defaults in fp16 (their bf16 builds are above), at 255 registers: the
+    two-dimensional tiles spilled 1-8 values before step 18 (hd128's builds now at -O1,
+    ``FULL_TILE_OPT_LEVEL``); hd128's deterministic turn spilled 5-17 at B_r = 64 and takes
+    B_r = 32."""
     config = default_backward(head_dim, "sm_80", deterministic=deterministic)
     assert (config.kv_warps_n == 2) != deterministic
     for windowed in (False, True):

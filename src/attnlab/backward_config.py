@@ -58,7 +58,7 @@ class BackwardConfig:
         ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): -O1 spilled fewer
             values in the wgmma kernel at hd128 (6 against 18) until the store addresses
             were recomputed per block (step 14); since then -O3 spills none there and
-            measures 0-2 % faster. The mma.sync tiles that hold 255 registers take -O1
+            measures 0-2 % faster. The mma.sync tiles at hd128 with B_r = 64 take -O1
             (``FULL_TILE_OPT_LEVEL``, step 18).
     """
 
@@ -260,16 +260,16 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     return config
 
 
-#: The ptxas level of the mma.sync tiles that hold 255 registers (the two-dimensional ones,
-#: hd128 at B_r = 64): -O3 spilled 1-17 values there (fp16, the deterministic turn, masked
-#: bodies), -O1 none (docs/backward.md, step 18).
+#: The ptxas level of the mma.sync tiles at hd128 with B_r = 64 (255 registers in either
+#: warp layout): -O3 spilled 3-17 values there (masked bodies, fp16, the deterministic turn),
+#: -O1 none and measured 0-3 % slower (docs/backward.md, step 18). hd64's two-dimensional
+#: tile, at 255 registers too, spills none at -O3 since step 18 and keeps it (2-4 % faster).
 FULL_TILE_OPT_LEVEL = 1
 
 #: The mma.sync kernel's tiles in FA2's two-dimensional warp layout, where they measured
 #: faster (+10-12 % at hd128, +11 % at hd64 with B_r = 128, H200, docs/backward.md step 16);
 #: dense batches only: with packed sequences or the deterministic turn they spill.
-TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4,
-                                  ptxas_opt_level=FULL_TILE_OPT_LEVEL),
+TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4),
                128: BackwardConfig(kv_warps_n=2, dq_warps_m=2,
                                    ptxas_opt_level=FULL_TILE_OPT_LEVEL)}
 
