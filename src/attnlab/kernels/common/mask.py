@@ -95,13 +95,19 @@ def _keep_word(first, last, word: cutlass.Constexpr) -> cutlass.Uint32:
 def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                col0: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
                left: cutlass.Int32, right: cutlass.Int32, windowed: cutlass.Constexpr,
-               paired_columns: cutlass.Constexpr = False):
+               paired_columns: cutlass.Constexpr = False,
+               relative_columns: cutlass.Constexpr = False):
     """Set masked scores of the tile to -inf (``tScS_mn``: local (row, col) of each element).
 
     ``paired_columns``: a thread's columns are pairs every 8 (a ``wgmma`` accumulator): a
     windowed row's band then becomes a keep mask per 32 elements (two shifts), and each
     element costs one select on a bit of it (ptxas moves the bits to predicates with R2P),
-    where the compares cost two compares and two selects an element (FA4's R2P mask)."""
+    where the compares cost two compares and two selects an element (FA4's R2P mask).
+
+    ``relative_columns`` (the compares): each column taken relative to the thread's first,
+    so that its offset is a constant of the layout (an immediate in the compare), not a
+    register held per column: what the backward's masked bodies needed to spill nothing
+    (step 18); the forward's tiles spilled more with it (the ``mma.sync`` hd96 window)."""
     s_mn = acc_mn_view(acc_S)
     if cutlass.const_expr(windowed and paired_columns):
         base = row0 + seqlen_k - seqlen_q - col0
@@ -119,17 +125,15 @@ def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                     kept = cutlass.Boolean(keep & (cutlass.Uint32(1) << i))
                     s_mn[r, c] = s_mn[r, c] if kept else -cutlass.Float32.inf
     elif cutlass.const_expr(not windowed):
-        # Relative to the thread's first column: each column's offset is then a constant of
-        # the layout (an immediate in the compare), not a register held per column.
-        first_col = tScS_mn[0, 0][1]
+        first_col = tScS_mn[0, 0][1] if relative_columns else 0
         cols_left = seqlen_k - col0 - first_col
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             if tScS_mn[0, c][1] - first_col >= cols_left:
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     s_mn[r, c] = -cutlass.Float32.inf
     else:
-        # Per row: keys [lo, hi) relative to the thread's first column (as above).
-        first_col = tScS_mn[0, 0][1]
+        # Per row: keys [lo, hi) relative to the tile's first column (or the thread's).
+        first_col = tScS_mn[0, 0][1] if relative_columns else 0
         base = row0 + seqlen_k - seqlen_q - col0 - first_col
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             row = tScS_mn[r, 0][0]
@@ -174,7 +178,7 @@ def apply_mask_transposed(acc_St: cute.Tensor, tScS_mn: cute.Tensor, key0: cutla
     """:func:`apply_mask` on S^T (``tScS_mn``: local (key, query) of each element), and the
     keys past Sk."""
     apply_mask(acc_St, tScS_mn, key0, query0, seqlen_k, seqlen_q, right, left, windowed,
-               paired_columns)
+               paired_columns, relative_columns=True)
     s_mn = acc_mn_view(acc_St)
     keys_left = seqlen_k - key0
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
