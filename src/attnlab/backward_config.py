@@ -270,8 +270,7 @@ FULL_TILE_OPT_LEVEL = 1
 #: faster (+10-12 % at hd128, +11 % at hd64 with B_r = 128, H200, docs/backward.md step 16);
 #: dense batches only: with packed sequences or the deterministic turn they spill.
 TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4),
-               128: BackwardConfig(kv_warps_n=2, dq_warps_m=2,
-                                   ptxas_opt_level=FULL_TILE_OPT_LEVEL)}
+               128: BackwardConfig(kv_warps_n=2, dq_warps_m=2)}
 
 
 def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool = False
@@ -294,11 +293,12 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool
                            for stages in (2, 1))
     else:
         block_m = 32 if (varlen or deterministic) and head_dim == 128 else 64
-        opt_level = FULL_TILE_OPT_LEVEL if head_dim == 128 and block_m == 64 else 3
-        candidates = tuple(
-            BackwardConfig(block_m=block_m, ptxas_opt_level=opt_level, **knobs)
-            for knobs in ({}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
-                          {"num_warps": 4, "block_n": 64, "q_stages": 1}))
+        candidates = tuple(BackwardConfig(block_m=block_m, **knobs) for knobs in (
+            {}, {"q_stages": 1}, {"num_warps": 4, "block_n": 64},
+            {"num_warps": 4, "block_n": 64, "q_stages": 1}))
         if not (varlen or deterministic) and head_dim in TWO_D_TILES:
             candidates = (TWO_D_TILES[head_dim], *candidates)
-    return next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)
+    config = next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)
+    if config is not None and head_dim == 128 and config.block_m == 64:
+        config = config.replace(ptxas_opt_level=FULL_TILE_OPT_LEVEL)
+    return config

@@ -319,8 +319,7 @@ class BackwardKernel(AttentionKernel):
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         # (key, query) of each S^T element, and (query, d) of each dQ element, in the tile.
-        tScS_mn = acc_mn_view(mma_s.get_slice(tidx).partition_C(
-            cute.make_identity_tensor((B_c, B_r))))
+        tScS_mn = self._score_coords(mma_s, tidx)
         tdQcdQ = mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((B_r, D)))
 
         # ---- the walk: every query head of the group, its query blocks in mask phases -----
@@ -360,6 +359,11 @@ class BackwardKernel(AttentionKernel):
         store_rows(gmem_store, sK, gdK, tidx, keys_left, self.consumers_sync)
         # The barrier above made both staged tiles visible.
         store_rows(gmem_store, sV, gdV, tidx, keys_left, lambda: None)
+
+    def _score_coords(self, mma_s: cute.TiledMma, tidx) -> cute.Tensor:
+        """(key, query) of each of thread ``tidx``'s S^T elements in the tile, by (row, col)."""
+        return acc_mn_view(mma_s.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((self.cfg.block_n, self.cfg.block_m))))
 
     @cute.jit
     def _load_q_block(self, ring, gmem_load: cute.TiledCopy, thr_load,
@@ -479,8 +483,7 @@ class BackwardKernel(AttentionKernel):
         # constant offsets from it.
         cols = tScS_mn
         if cutlass.const_expr(self.deterministic):
-            cols = acc_mn_view(mmas[0].get_slice(per_iteration(tidx, m_block)).partition_C(
-                cute.make_identity_tensor((cfg.block_n, B_r))))
+            cols = self._score_coords(mmas[0], per_iteration(tidx, m_block))
         stats_rows = [cols[0, 0][1] + stats_shift + (tScS_mn[0, c][1] - tScS_mn[0, 0][1])
                       for c in range(ncols)]
 

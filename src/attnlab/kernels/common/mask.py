@@ -109,10 +109,12 @@ def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
     register held per column: what the backward's masked bodies needed to spill nothing
     (step 18); the forward's tiles spilled more with it (the ``mma.sync`` hd96 window)."""
     s_mn = acc_mn_view(acc_S)
+    first_col = tScS_mn[0, 0][1]
+    # What the compares subtract from each column (a Python 0 folds away).
+    shift = first_col if relative_columns else 0
     if cutlass.const_expr(windowed and paired_columns):
         base = row0 + seqlen_k - seqlen_q - col0
         ncols = cute.size(s_mn, mode=[1])
-        first_col = tScS_mn[0, 0][1]
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             row = tScS_mn[r, 0][0]
             hi = cutlass.min(base + row + right + 1, seqlen_k - col0)
@@ -125,22 +127,20 @@ def apply_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, row0: cutlass.Int32,
                     kept = cutlass.Boolean(keep & (cutlass.Uint32(1) << i))
                     s_mn[r, c] = s_mn[r, c] if kept else -cutlass.Float32.inf
     elif cutlass.const_expr(not windowed):
-        first_col = tScS_mn[0, 0][1] if relative_columns else 0
-        cols_left = seqlen_k - col0 - first_col
+        cols_left = seqlen_k - col0 - shift
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            if tScS_mn[0, c][1] - first_col >= cols_left:
+            if tScS_mn[0, c][1] - shift >= cols_left:
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                     s_mn[r, c] = -cutlass.Float32.inf
     else:
         # Per row: keys [lo, hi) relative to the tile's first column (or the thread's).
-        first_col = tScS_mn[0, 0][1] if relative_columns else 0
-        base = row0 + seqlen_k - seqlen_q - col0 - first_col
+        base = row0 + seqlen_k - seqlen_q - col0 - shift
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             row = tScS_mn[r, 0][0]
-            hi = cutlass.min(base + row + right + 1, seqlen_k - col0 - first_col)
+            hi = cutlass.min(base + row + right + 1, seqlen_k - col0 - shift)
             lo = base + row - left
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                col = tScS_mn[0, c][1] - first_col
+                col = tScS_mn[0, c][1] - shift
                 if col >= hi:
                     s_mn[r, c] = -cutlass.Float32.inf
                 if col < lo:
