@@ -40,6 +40,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "O3": {"ptxas_opt_level": 3},
     "sm80": {"default_of": "sm_80"},
     "sm80_O3": {"default_of": "sm_80", "ptxas_opt_level": 3},
+    "sm80_lpt": {"default_of": "sm_80", "lpt": True},
+    "sm80_lpt_O3": {"default_of": "sm_80", "lpt": True, "ptxas_opt_level": 3},
     "sm80_1d": {"default_of": "sm_80", "block_m": 64, "kv_warps_n": 1, "dq_warps_m": 0},
     "sm80_kv_n2": {"default_of": "sm_80", "kv_warps_n": 2},
     "sm80_kv_n2_dq2": {"default_of": "sm_80", "kv_warps_n": 2, "dq_warps_m": 2},

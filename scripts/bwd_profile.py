@@ -119,8 +119,11 @@ def ncu_profile(impl: str, point: str, out: Path) -> dict:
         main = max(rows, key=lambda r: float(r.get("gpu__time_duration.sum", "0")
                                             .replace(",", "") or 0))
         name = main["Kernel Name"]
+        # ncu filters on the function's base name (no return type, scope or template
+        # arguments: FA2's kernel is a template).
+        base = re.split(r"[<(]", name)[0].split()[-1].split("::")[-1]
         source = subprocess.run(["ncu", "-i", f"{rep}.ncu-rep", "-k",
-                                 "regex:" + re.escape(name[:60]), "--page", "source", "--csv",
+                                 "regex:" + re.escape(base[:60]), "--page", "source", "--csv",
                                  "--print-source", "sass"], capture_output=True, text=True)
         (out / f"ncu-{impl}-{point.replace(',', '-')}-source.csv").write_text(source.stdout)
         try:

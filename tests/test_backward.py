@@ -75,7 +75,9 @@ def test_defaults_per_arch():
     assert default_backward(64, "sm_90a").block_m == 128
     assert default_backward(128, "sm_90a").block_m == 64
     assert default_backward(128, "sm_90a").producer_warp
-    assert default_backward(128, "sm_90a").lpt
+    # Longest first under a mask on either kernel (step 19 for mma.sync).
+    assert all(default_backward(hd, arch).lpt for hd in (64, 128, 192)
+               for arch in ("sm_80", "sm_86", "sm_90a"))
 
 
 def test_producer_warp_adds_a_warpgroup_and_a_second_ds_tile():
