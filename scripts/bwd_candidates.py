@@ -63,8 +63,8 @@ def candidate_impl(config: BackwardConfig, arch: str, work: str):
     saved: dict[tuple, tuple] = {}
 
     def forward(q, k, v, scale, causal):
-        forward_config = (None if arch == "sm_90a" else
-                          mma_sync_default_for("sm_90a", q.shape[-1], causal))
+        forward_config = (None if arch == "sm_90a" else mma_sync_default_for(
+            "sm_90a", q.shape[-1], causal, str(q.dtype).removeprefix("torch.")))
         return attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
                                  return_lse=True, config=forward_config)
 
