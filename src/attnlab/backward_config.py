@@ -242,11 +242,11 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``,
     but for packed sequences in the deterministic turn; above hd128 the 64 x 64 tile whose
     warpgroups split the head dim, with as many ring stages as shared memory holds);
-    elsewhere the mma.sync one with FA2's sm80 tile (longest first under a mask too;
-    B_c = 128 over 8 warps, B_r = 64; B_r =
-    32 for packed sequences or the deterministic turn at hd128, whose offsets and turn
-    counters push B_r = 64 to spill), made smaller where shared memory is (sm_86/89: one
-    Q/dO stage, then B_c = 64); for dense batches at hd64 and hd128 (not ``deterministic``)
+    elsewhere the mma.sync one with FA2's sm80 tile, longest first under a mask too (B_c =
+    128 over 8 warps, B_r = 64; B_r = 32 for packed sequences or the deterministic turn at
+    hd128, whose offsets and turn counters push B_r = 64 to spill), made smaller where
+    shared memory is (sm_86/89: one Q/dO stage, then B_c = 64); for dense batches at hd64
+    and hd128 (not ``deterministic``)
     its warps split B_r and D in pairs (``TWO_D_TILES``); above hd128 they split the head
     dim in pairs (B_c = 64, B_r = 32: dQ's and the fragments' registers beside dK's and
     dV's 128)."""
