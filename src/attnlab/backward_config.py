@@ -246,10 +246,9 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     128 over 8 warps, B_r = 64; B_r = 32 for packed sequences or the deterministic turn at
     hd128, whose offsets and turn counters push B_r = 64 to spill), made smaller where
     shared memory is (sm_86/89: one Q/dO stage, then B_c = 64); for dense batches at hd64
-    and hd128 (not ``deterministic``)
-    its warps split B_r and D in pairs (``TWO_D_TILES``); above hd128 they split the head
-    dim in pairs (B_c = 64, B_r = 32: dQ's and the fragments' registers beside dK's and
-    dV's 128)."""
+    and hd128 (not ``deterministic``) its warps split B_r and D in pairs (``TWO_D_TILES``);
+    above hd128 they split the head dim in pairs (B_c = 64, B_r = 32: dQ's and the
+    fragments' registers beside dK's and dV's 128)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
