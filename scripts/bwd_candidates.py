@@ -106,15 +106,15 @@ def main() -> None:
               for s in map(int, args.seqlens.split(","))
               for mask in args.masks.split(",")]
 
-    def configs(head_dim: int) -> dict[str, tuple[BackwardConfig, str]]:
-        """Per variant name, its backward config and the arch whose default it starts
-        from."""
+    def configs(head_dim: int, causal: bool) -> dict[str, tuple[BackwardConfig, str]]:
+        """Per variant name, its backward config and the arch whose default (for a masked
+        kernel when ``causal``) it starts from."""
         found = {}
         for name in names:
             try:
                 knobs = dict(VARIANTS[name])
                 arch = str(knobs.pop("default_of", "sm_90a"))
-                config = default_backward(head_dim, arch).replace(**knobs)
+                config = default_backward(head_dim, arch, windowed=causal).replace(**knobs)
                 config.check_problem(head_dim, "sm_90a")
                 found[name] = (config, arch)
             except ValueError as exc:
@@ -122,13 +122,15 @@ def main() -> None:
         return found
 
     kernel_cache.warm([BackwardSpec(cfg, "sm_90a", args.dtype, p.head_dim, p.causal)
-                       for p in points for cfg, _ in configs(p.head_dim).values()], jobs=16)
+                       for p in points for cfg, _ in configs(p.head_dim, p.causal).values()],
+                      jobs=16)
     peers = {name: training_impl(fn, args.work) for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
     rows = []
     for point in points:
         impls = {**peers, **{name: candidate_impl(cfg, arch, args.work)
-                             for name, (cfg, arch) in configs(point.head_dim).items()}}
+                             for name, (cfg, arch) in configs(point.head_dim,
+                                                              point.causal).items()}}
         results = measure_point(point, impls, runs=args.runs)
         row = {"point": point.label(), "results": {
             r.impl: [r.tflops, r.device_tflops, r.error] for r in results}}

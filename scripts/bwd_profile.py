@@ -69,7 +69,7 @@ def sm80_backward(q, k, v, do, causal: bool):
     scale = 1 / math.sqrt(q.shape[-1])
     out, lse = attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
                                  return_lse=True)
-    config = default_backward(q.shape[-1], "sm_80")
+    config = default_backward(q.shape[-1], "sm_80", windowed=causal)
     return lambda: backward.attention_backward(
         do, q, k, v, out, lse, None, None, None, None, None, scale,
         (-1, 0) if causal else (-1, -1), config=config)

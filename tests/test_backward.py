@@ -75,6 +75,9 @@ def test_defaults_per_arch():
     assert default_backward(64, "sm_90a").block_m == 128
     assert default_backward(128, "sm_90a").block_m == 64
     assert default_backward(128, "sm_90a").producer_warp
+    # hd128's mma.sync tile: -O1 where a mask adds its registers, -O3 without (step 19).
+    assert (default_backward(128, "sm_80").ptxas_opt_level,
+            default_backward(128, "sm_80", windowed=True).ptxas_opt_level) == (3, 1)
     # Longest first under a mask on either kernel (step 19 for mma.sync).
     assert all(default_backward(hd, arch).lpt for hd in (64, 128, 192)
                for arch in ("sm_80", "sm_86", "sm_90a"))
@@ -118,7 +121,7 @@ COMPILED += [("sm_90a", 256, True, True, det) for det in (0, 1)]
 @pytest.mark.parametrize("arch, head_dim, windowed, varlen, deterministic", COMPILED)
 def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, windowed, varlen,
                                                       deterministic, tmp_path):
-    config = default_backward(head_dim, arch, varlen, bool(deterministic))
+    config = default_backward(head_dim, arch, varlen, bool(deterministic), windowed)
     spec = BackwardSpec(config, arch, "bfloat16", head_dim, windowed, varlen,
                         bool(deterministic))
     art = compile_spec(spec, tmp_path)
@@ -153,12 +156,13 @@ def test_default_kernels_cross_compile_within_their_registers(arch, head_dim, wi
 @pytest.mark.parametrize("head_dim, deterministic", [(64, False), (128, False), (128, True)])
 def test_sm80_defaults_in_fp16_spill_nothing(head_dim, deterministic, tmp_path):
     """The sm_80 defaults in fp16 (their bf16 builds are above), at 255 registers: the
-    two-dimensional tiles spilled 1-8 values before step 18 (hd128's builds now at -O1,
-    ``FULL_TILE_OPT_LEVEL``); hd128's deterministic turn spilled 5-17 at B_r = 64 and takes
-    B_r = 32."""
-    config = default_backward(head_dim, "sm_80", deterministic=deterministic)
-    assert (config.kv_warps_n == 2) != deterministic
+    two-dimensional tiles spilled 1-8 values before step 18 (hd128's masked builds now at
+    -O1, ``FULL_TILE_OPT_LEVEL``; its plain ones at -O3); hd128's deterministic turn spilled
+    5-17 at B_r = 64 and takes B_r = 32."""
     for windowed in (False, True):
+        config = default_backward(head_dim, "sm_80", deterministic=deterministic,
+                                  windowed=windowed)
+        assert (config.kv_warps_n == 2) != deterministic
         art = compile_spec(BackwardSpec(config, "sm_80", "float16", head_dim, windowed, False,
                                         deterministic), tmp_path)
         assert not read_resources(art.cubin, disassemble(art.cubin)).spills
@@ -237,5 +241,6 @@ def test_warm_covers_every_default_backward_kernel():
         assert {(s.head_dim, s.dtype, s.windowed, s.varlen) for s in backward} == {
             (hd, dt, w, v) for hd in backward_head_dims(arch) for dt in ("float16", "bfloat16")
             for w in (False, True) for v in (False, True)}
-        assert all(s.config == default_backward(s.head_dim, arch, s.varlen) for s in backward)
+        assert all(s.config == default_backward(s.head_dim, arch, s.varlen, windowed=s.windowed)
+                   for s in backward)
         assert sum(isinstance(s, PreprocessSpec) for s in specs) == len(backward)

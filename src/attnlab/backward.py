@@ -49,7 +49,8 @@ class BackwardLaunch:
         head_dim = q.shape[-1]
         gpu = device.info(q.device)
         if config is None:
-            config = default_backward(head_dim, gpu.arch, varlen, deterministic)
+            config = default_backward(head_dim, gpu.arch, varlen, deterministic,
+                                      window != (-1, -1))
         config.check_problem(head_dim, gpu.arch)
         dtype = str(q.dtype).removeprefix("torch.")
         self.preprocess = kernel_cache.get(

@@ -237,7 +237,7 @@ def backward_head_dims(arch: str) -> tuple[int, ...]:
 
 
 def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
-                     deterministic: bool = False) -> BackwardConfig:
+                     deterministic: bool = False, windowed: bool = False) -> BackwardConfig:
     """The backward's default: on sm_90a the wgmma kernel fed by a producer warp, longest
     first under a mask (B_r = 128 at head dims up to 64, +24 % there, ``docs/backward.md``,
     but for packed sequences in the deterministic turn; above hd128 the 64 x 64 tile whose
@@ -248,11 +248,12 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     shared memory is (sm_86/89: one Q/dO stage, then B_c = 64); for dense batches at hd64
     and hd128 (not ``deterministic``) its warps split B_r and D in pairs (``TWO_D_TILES``);
     above hd128 they split the head dim in pairs (B_c = 64, B_r = 32: dQ's and the
-    fragments' registers beside dK's and dV's 128)."""
+    fragments' registers beside dK's and dV's 128). ``windowed``: the kernel applies a mask
+    (causal or a window), which takes more registers (``FULL_TILE_OPT_LEVEL``)."""
     if head_dim not in BACKWARD_HEAD_DIMS:
         raise ConfigError(f"the backward serves head dims {BACKWARD_HEAD_DIMS}, not "
                           f"{head_dim}")
-    config = _default_or_none(head_dim, arch, varlen, deterministic)
+    config = _default_or_none(head_dim, arch, varlen, deterministic, windowed)
     if config is None:
         raise ConfigError(f"no backward tile at head_dim={head_dim} fits the shared memory "
                           f"of {arch} ({SMEM_CAPACITY.get(arch)} bytes); it serves "
@@ -260,10 +261,11 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
     return config
 
 
-#: The ptxas level of the mma.sync tiles at hd128 with B_r = 64 (255 registers in either
-#: warp layout): -O3 spilled 3-17 values there (masked bodies, fp16, the deterministic turn),
-#: -O1 none and measured 0-3 % slower (docs/backward.md, step 18). hd64's two-dimensional
-#: tile, at 255 registers too, spills none at -O3 since step 18 and keeps it (2-4 % faster).
+#: The ptxas level of the masked mma.sync kernels at hd128 with B_r = 64 (255 registers in
+#: either warp layout): -O3 spilled 1-17 values there (masked bodies, fp16, the deterministic
+#: turn), -O1 none (docs/backward.md, step 18). The plain kernels spill none at -O3 and keep
+#: it (+0.7 to +2.5 % forward + backward at seq 2k-4k, step 19); so does hd64's
+#: two-dimensional tile, masked or not (2-4 % faster).
 FULL_TILE_OPT_LEVEL = 1
 
 #: The mma.sync kernel's tiles in FA2's two-dimensional warp layout, where they measured
@@ -273,8 +275,8 @@ TWO_D_TILES = {64: BackwardConfig(block_m=128, kv_warps_n=2, dq_warps_m=4),
                128: BackwardConfig(kv_warps_n=2, dq_warps_m=2)}
 
 
-def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool = False
-                     ) -> BackwardConfig | None:
+def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool = False,
+                     windowed: bool = False) -> BackwardConfig | None:
     """``default_backward``'s choice, or None when no candidate fits ``arch``."""
     capacity = SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
     if arch == "sm_90a":
@@ -301,7 +303,7 @@ def _default_or_none(head_dim: int, arch: str, varlen: bool, deterministic: bool
     config = next((c for c in candidates if c.smem_bytes(head_dim) <= capacity), None)
     if config is None:
         return None
-    if head_dim == 128 and config.block_m == 64:
+    if head_dim == 128 and config.block_m == 64 and windowed:
         config = config.replace(ptxas_opt_level=FULL_TILE_OPT_LEVEL)
     # Longest first under a mask, as on sm_90a: +1 to +4 % forward + backward at causal
     # hd64 and hd128 seq 2k, +0.5 % at hd128 8k (step 19).

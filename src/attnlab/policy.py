@@ -202,8 +202,9 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
     for head_dim in backward_head_dims(arch):
         for dtype in SUPPORTED_DTYPES:
             for varlen in (False, True):
-                config = default_backward(head_dim, arch, varlen)
-                specs += [BackwardSpec(config, arch, dtype, head_dim, windowed, varlen)
+                specs += [BackwardSpec(default_backward(head_dim, arch, varlen,
+                                                        windowed=windowed),
+                                       arch, dtype, head_dim, windowed, varlen)
                           for windowed in (False, True)]
                 specs += [PreprocessSpec(arch, dtype, head_dim, varlen, with_dlse)
                           for with_dlse in (False, True)]
