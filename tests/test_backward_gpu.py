@@ -307,12 +307,30 @@ KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
 def test_each_backward_kernel_matches_the_reference(kernel, window):
     """Every kernel and tile where the GPU runs it (the mma.sync kernel on any sm80+ GPU,
     the wgmma one on sm_90a), through ``backward.attention_backward`` with its config."""
-    from attnlab import backward
     from attnlab.backward_config import BackwardConfig
 
     knobs, head_dim = KERNELS[kernel]
     if knobs.get("wgmma") and arch() != "sm_90a":
         pytest.skip("the wgmma kernel needs sm_90a")
+    _check_backward_config(BackwardConfig(**knobs), head_dim, window, kernel)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)])
+def test_sm80_default_backward_matches_the_reference(head_dim, window):
+    """The mma.sync defaults as an sm80 GPU builds them (``lpt``; at hd128 -O3 without a
+    mask, -O1 with one), run here on any sm80+ GPU."""
+    from attnlab.backward_config import default_backward
+
+    config = default_backward(head_dim, "sm_80", windowed=window != (-1, -1))
+    _check_backward_config(config, head_dim, window, f"sm80 default hd{head_dim}")
+
+
+def _check_backward_config(config, head_dim: int, window: tuple[int, int], label: str) -> None:
+    """dQ, dK, dV of ``config`` through ``backward.attention_backward`` on a GQA case with
+    odd lengths against the fp64 reference, within 1.5x SDPA's own error."""
+    from attnlab import backward
+
     (q, k, v), dout = dense_case(2, 700, 900, 8, 2, head_dim, torch.bfloat16, seed=31)
     scale = 1 / math.sqrt(head_dim)
     out, lse = attnlab.attention(q.detach(), k.detach(), v.detach(), window_size=window,
@@ -320,10 +338,10 @@ def test_each_backward_kernel_matches_the_reference(kernel, window):
     poison_allocator()
     ours = backward.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
                                        None, None, None, None, None, scale, window,
-                                       config=BackwardConfig(**knobs))
+                                       config=config)
     ref = reference_grads(q, k, v, dout, window, scale)
     theirs = [g.nan_to_num(0.0) for g in sdpa_grads(q, k, v, dout, window, scale)]
-    check_grads(ours, theirs, ref, f"{kernel} {window}")
+    check_grads(ours, theirs, ref, f"{label} {window}")
 
 
 def test_sdpa_drop_in_is_differentiable():
