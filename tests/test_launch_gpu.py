@@ -22,6 +22,7 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref)).item()
 
 
+@pytest.mark.large_memory
 @pytest.mark.parametrize("kernel", ["default", "mma_sync"])
 def test_a_cache_past_2_31_elements(kernel):
     """B=64 x 32k keys x 8 heads x hd128: k and v span 2**31 elements each (the serving cache
@@ -46,6 +47,7 @@ def test_a_cache_past_2_31_elements(kernel):
     torch.cuda.empty_cache()
 
 
+@pytest.mark.large_memory
 def test_a_packed_batch_past_2_31_elements():
     """Packed keys of 2.1M rows x 8 heads x hd128: the last sequence starts past 2**31."""
     heads, heads_kv, head_dim = 16, 8, 128
