@@ -22,18 +22,27 @@ from attnlab.kernels.gemm.abi import binary_config
 SHAPES = [(n, c, hw) for n in (1, 4) for c, hw in ((320, 64), (640, 32), (640, 16), (512, 16))]
 TILES = ((128, 128), (128, 160), (128, 256), (64, 64), (64, 128), (64, 160), (64, 256))
 SPLITS = (1, 2, 4)
+MODES = ("serial", "cluster")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--tiles", default=",".join(f"{m}x{n}" for m, n in TILES))
+    parser.add_argument("--splits", default=",".join(map(str, SPLITS)))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="how slices meet (a cluster where the tile shares out)")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
-    configs = {f"{bm}x{bn} s{s}": GemmConfig(block_m=bm, block_n=bn, split_k=s,
-                                             split_mode="serial")
-               for bm, bn in TILES for s in SPLITS}
+    tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
+    modes = args.modes.split(",")
+    configs = {f"{bm}x{bn} s{s}{'' if s == 1 else ' ' + mode[0]}": GemmConfig(
+                   block_m=bm, block_n=bn, split_k=s, split_mode=mode)
+               for bm, bn in tiles for s in map(int, args.splits.split(","))
+               for mode in modes if not (s == 1 and mode != modes[0])
+               and (mode != "cluster" or GemmConfig(block_m=bm, block_n=bn).cluster_splits_ok(s))}
     specs = {ImplicitConvSpec(binary_config(cfg), info.arch, "bfloat16",
-                              split="none" if cfg.split_k == 1 else "serial", bias=True)
+                              split="none" if cfg.split_k == 1 else cfg.split_mode, bias=True)
              for cfg in configs.values()}
     kernel_cache.warm(sorted(specs, key=str), jobs=min(12, os.cpu_count() or 1))
     impls = {name: impl for name, impl in conv_impls().items() if name in ("cudnn", "attnlab")}

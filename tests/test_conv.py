@@ -81,17 +81,18 @@ def test_plan_label_says_which_step_runs_a_call():
         plan_label(x, w, algorithm="implicit")
 
 
-@pytest.mark.parametrize("n, c, hw, splits", [(1, 640, 32, 2), (4, 640, 16, 2), (4, 512, 16, 2),
-                                             (1, 320, 64, 1), (4, 640, 32, 1), (1, 64, 64, 1)])
-def test_conv_dispatch_splits_only_the_levels_that_leave_sms_idle(n, c, hw, splits):
-    """The SD-UNet levels with 256-1024 output rows take two serial slices (measured best of
-    one, two and four there); the large levels and the small channel counts take one."""
-    from attnlab.conv.api import CONV_SPLITS, CONV_STEP_SCALE, CONV_TILES
-    from attnlab.gemm.dispatch import plan
+@pytest.mark.parametrize("n, c, hw, splits, block_m", [
+    (1, 640, 32, 2, 64), (4, 640, 16, 2, 64), (1, 640, 16, 4, 64), (1, 320, 64, 1, 64),
+    (4, 640, 32, 1, 128), (4, 320, 64, 1, 128), (1, 64, 64, 1, 64)])
+def test_conv_dispatch_splits_only_the_levels_that_leave_sms_idle(n, c, hw, splits, block_m):
+    """The SD-UNet levels with 256-1024 output rows split K over 64-row tiles, the slices
+    meeting in a cluster (measured best of one to eight slices, serial or clustered); the
+    large levels and the small channel counts take one."""
+    from attnlab.conv.api import _conv_plan
 
-    p = plan(n * hw * hw, c, 9 * c, 132, in_dtype="bfloat16", out_dtype="bfloat16",
-             tiles=CONV_TILES, step_scale=CONV_STEP_SCALE, split_counts=CONV_SPLITS)
-    assert p.splits == splits and (splits == 1 or p.config.split_mode == "serial")
+    p = _conv_plan(n * hw * hw, c, 9 * c, 132, None, "bfloat16")
+    assert (p.splits, p.config.block_m) == (splits, block_m)
+    assert splits == 1 or (p.split == "cluster" and p.num_ctas % splits == 0)
 
 
 def test_conv2d_composes_im2col_the_gemm_and_the_bias(monkeypatch):

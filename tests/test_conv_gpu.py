@@ -52,6 +52,20 @@ def test_conv2d_matches_torch(n, c, hw, k, r, stride, padding, dtype, algorithm)
     _assert_matches(out, x, w, bias, stride, padding)
 
 
+@pytest.mark.parametrize("mode,splits", [("serial", 2), ("cluster", 2), ("cluster", 4),
+                                         ("cluster", 8)])
+def test_implicit_conv_split_k_adds_the_bias_once(mode, splits):
+    """K split in slices that meet serially or in a cluster: the bias added once, by the
+    slice (or band) that writes the output, at an odd-sized level."""
+    from attnlab.gemm import GemmConfig
+
+    x, w, bias = _case(1, 640, 13, 320, 3, torch.bfloat16)
+    cfg = GemmConfig(block_m=64, block_n=64, split_k=splits, split_mode=mode)
+    _poison_allocator()
+    out = conv2d(x, w, bias, padding=1, algorithm="implicit", config=cfg)
+    _assert_matches(out, x, w, bias, 1, 1)
+
+
 def test_conv2d_auto_picks_implicit_where_it_runs_and_refuses_it_with_the_reason():
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(1, 32, 8, 8, device="cuda", generator=gen).to(

@@ -47,17 +47,22 @@ def test_tile_walk_covers_every_item_once(m_tiles, n_tiles, splits, group):
 def test_dispatch_weighs_host_and_device_time():
     square, skinny = plan(4096, 4096, 4096, 132), plan(256, 256, 4096, 132)
     assert square.splits == 1 and square.config.block_n == 256
-    # Host-bound: the 64-row tile unsplit beats split-K's extra launch (docs/gemm.md).
-    assert skinny.splits == 1 and skinny.config.block_m == 64
+    # Host-bound: the 64-row tile, split only where the split costs no host time (a cluster's
+    # meeting, in the kernel; the serial split's workspace and counters cost 3 us a call).
+    assert skinny.config.block_m == 64
+    assert skinny.splits == 1 or skinny.config.split_mode == "cluster"
     assert plan(8192, 8192, 8192, 132).splits == 1
     long_k = plan(128, 128, 65536, 132)
     assert long_k.splits > 1 and long_k.config.split_mode == "serial"
-    # Long K in the skinny set: four serial slices (measured 1.32x over unsplit, H200); the
-    # meeting's per-slice cost keeps it from eight.
-    for m in (256, 128):
+    # Long K in the skinny set: the slices meet in a cluster (one launch, no workspace: an
+    # unsplit call's host cost), four of them at 256 x 256 and eight at 128 x 128, where the
+    # fastest measured (H100, docs/gemm.md); one CTA a slice, side by side.
+    for m, splits in ((256, 4), (128, 8)):
         p = plan(m, m, 8192, 132)
-        assert (p.splits, p.config.split_mode, p.config.block_m) == (4, "serial", 64)
+        assert (p.splits, p.config.split_mode, p.config.block_m) == (splits, "cluster", 64)
+        assert p.num_ctas == (m // 64) ** 2 * splits
     assert plan(1, 4096, 4096, 132).config.block_m == 64
+    assert plan(512, 512, 4096, 132).splits == 1
 
 
 @pytest.mark.parametrize("k,splits", [(640, 6), (64, 16), (4096, 7), (72, 3)])
@@ -174,6 +179,44 @@ def test_kernels_cross_compile_without_spills(spec):
         assert ops["STG"] == pairs + 1 and ops["LDG"] == 6 * pairs and ops["ATOMG"] == 1, ops
     else:
         assert ops["LDG"] == 0, ops
+
+
+@pytest.mark.parametrize("tile_splits", [(64, 64, 8), (64, 128, 4), (128, 128, 2)])
+def test_cluster_split_compiles_its_meeting_without_spills(tile_splits):
+    """The cluster split: the partials into shared memory as column pairs, every peer's band
+    loaded by one 16-byte distributed-shared-memory load per slice, all issued before the
+    sums (unrolled: the cluster's size is compiled in), two cluster barriers, no workspace
+    traffic and no TMA store."""
+    block_m, block_n, splits = tile_splits
+    cfg = GemmConfig(block_m=block_m, block_n=block_n, split_k=splits, split_mode="cluster")
+    spec = GemmSpec(binary_config(cfg), "sm_90a", "bfloat16", "bfloat16", "k", "n", "cluster")
+    assert spec.config.split_k == splits
+    usage, ops = _sass_counts(spec)
+    assert "LOCAL:0" in usage, usage
+    threads = 128 * cfg.num_consumers
+    vectors = block_m * block_n // splits // (4 * threads)
+    assert ops["STS"] == block_n // 4, ops
+    assert ops["LD"] == vectors * splits and ops["LDG"] == 0 and ops["ATOMG"] == 0, ops
+    assert ops["UCGABAR_ARV"] == 2 * 2 and ops["UTMASTG"] == 0, ops
+    assert ops["STG"] == vectors, ops
+
+
+def test_cluster_split_configs_and_specs_refuse_what_cannot_meet():
+    with pytest.raises(ConfigError, match="cluster of 3"):
+        GemmConfig(block_m=64, block_n=64, split_k=3, split_mode="cluster")
+    with pytest.raises(ConfigError, match="cluster of 16"):
+        GemmConfig(block_m=64, block_n=64, split_k=16, split_mode="cluster")
+    assert not GemmConfig(block_m=64, block_n=64).cluster_splits_ok(1)
+    with pytest.raises(ConfigError, match="split_mode"):
+        GemmSpec(GemmConfig(block_m=64, block_n=64), "sm_90a", "bfloat16", "bfloat16", "k",
+                 "n", "cluster")
+    with pytest.raises(ConfigError, match="bias"):
+        GemmSpec(GemmConfig(block_m=64, block_n=64), "sm_90a", "bfloat16", "float32", "k",
+                 "n", "workspace", bias=True)
+    # Other split modes still share one binary across split counts.
+    assert binary_config(GemmConfig(split_k=4, split_mode="serial")).split_k == 1
+    assert GemmConfig(block_m=64, block_n=64, split_k=4,
+                      split_mode="cluster").label().endswith("grid split4-cluster")
 
 
 def test_reduce_kernel_vectorises():

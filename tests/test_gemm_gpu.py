@@ -79,6 +79,22 @@ def test_split_k_modes(mode, splits, out_dtype):
     check(matmul(a, b, config=cfg, out_dtype=out_dtype), a, b, out_dtype, f"{mode} {splits}")
 
 
+@pytest.mark.parametrize("tile_splits", [(64, 64, 2), (64, 64, 4), (64, 64, 8), (64, 128, 4),
+                                         (128, 128, 2), (128, 128, 8)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cluster_split_k(tile_splits, out_dtype):
+    """Slices meeting in a cluster, on ragged M, N and K (a partial last tile and K tile),
+    deterministic run to run."""
+    block_m, block_n, splits = tile_splits
+    dtype = torch.float16 if out_dtype == torch.float16 else torch.bfloat16
+    a, b = operands(200, 392, 1000, dtype, seed=5)
+    cfg = GemmConfig(block_m=block_m, block_n=block_n, split_k=splits, split_mode="cluster")
+    poison_allocator(200 * 392 * 8 * 8)
+    first = matmul(a, b, config=cfg, out_dtype=out_dtype)
+    check(first, a, b, out_dtype, f"cluster {cfg.label()}")
+    assert torch.equal(matmul(a, b, config=cfg, out_dtype=out_dtype), first)
+
+
 @pytest.mark.parametrize("cfg", [GemmConfig(block_m=64, block_n=64, block_k=32, stages=3),
                                  GemmConfig(block_m=192, block_n=128),
                                  GemmConfig(block_n=128, block_k=128, stages=3,

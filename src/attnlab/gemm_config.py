@@ -20,8 +20,13 @@ from typing import Literal
 
 from attnlab.config import SMEM_CAPACITY, WGMMA_M, ConfigError
 
-SplitMode = Literal["serial", "workspace", "atomic"]
-SPLIT_MODES: tuple[str, ...] = ("serial", "workspace", "atomic")
+SplitMode = Literal["serial", "workspace", "atomic", "cluster"]
+SPLIT_MODES: tuple[str, ...] = ("serial", "workspace", "atomic", "cluster")
+#: Most K slices of one tile in a cluster (the portable cluster size).
+MAX_CLUSTER_SPLITS = 8
+#: fp32 words of padding per row of the cluster split's partial tile in shared memory: the
+#: accumulator's 8-byte stores then fill all 32 banks per half-warp.
+PARTIAL_PAD = 8
 #: Output dtypes the kernels write (fp32 also for split-K's partial sums).
 OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 #: Most ring stages worth having: past this the TMA latency is long hidden.
@@ -59,7 +64,11 @@ class GemmConfig:
             partial sums, the last slice of a tile to finish adds them up in split order and
             writes C: deterministic), ``"workspace"`` (the same partials summed in order by a
             second kernel: the lab's two-pass form) or ``"atomic"`` (TMA reduce-adds into an
-            fp32 accumulator in L2: order-dependent rounding, the lab's Pattern A).
+            fp32 accumulator in L2: order-dependent rounding, the lab's Pattern A) or
+            ``"cluster"`` (one kernel, no workspace: the slices of a tile are one thread-block
+            cluster, each stages its fp32 partials in its shared memory and sums one band
+            of the tile's rows from every slice's through distributed shared memory, in
+            split order: deterministic; at most ``MAX_CLUSTER_SPLITS`` slices).
     """
 
     block_m: int = 128
@@ -89,11 +98,33 @@ class GemmConfig:
         if self.split_mode not in SPLIT_MODES:
             raise ConfigError(f"split_mode must be one of {SPLIT_MODES}, got "
                               f"{self.split_mode!r}")
+        if self.split_mode == "cluster" and self.split_k > 1:
+            self.check_cluster_splits(self.split_k)
         if self.accumulator_registers + CONSUMER_OVERHEAD_REGS > self.consumer_registers:
             raise ConfigError(
                 f"a {self.block_m} x {self.block_n} tile needs {self.accumulator_registers} "
                 f"accumulator registers per thread; {self.num_consumers} consumer warpgroups "
                 f"have {self.consumer_registers} in all")
+
+    def cluster_splits_ok(self, splits: int) -> bool:
+        """Whether ``splits`` slices can meet in a cluster: at most ``MAX_CLUSTER_SPLITS``,
+        each summing an equal band of the tile's rows, four columns per consumer thread at a
+        time."""
+        if not 1 < splits <= MAX_CLUSTER_SPLITS or self.block_m % splits:
+            return False
+        return (self.block_m // splits) * self.block_n % (4 * 128 * self.num_consumers) == 0
+
+    def check_cluster_splits(self, splits: int) -> None:
+        """Refuse a cluster split the tile cannot share out (ConfigError)."""
+        if not self.cluster_splits_ok(splits):
+            raise ConfigError(
+                f"a {self.block_m} x {self.block_n} tile cannot meet in a cluster of {splits} "
+                f"slices: at most {MAX_CLUSTER_SPLITS}, dividing block_m, each slice's band of "
+                f"rows a multiple of {4 * 128 * self.num_consumers} values")
+
+    def partial_bytes(self) -> int:
+        """Shared memory of the cluster split's fp32 partial tile (padded rows)."""
+        return self.block_m * (self.block_n + PARTIAL_PAD) * 4
 
     @property
     def num_consumers(self) -> int:
@@ -128,15 +159,17 @@ class GemmConfig:
         return self.block_m * self.block_n * element_bytes(out_dtype)
 
     def ring_stages(self, arch: str, out_dtype: str, in_dtype: str = "bfloat16",
-                    sparse: bool = False) -> int:
+                    sparse: bool = False, cluster: bool = False) -> int:
         """The ring's depth on ``arch`` for ``in_dtype`` operands (A 2:4 sparse: its kept
-        halves) when the tile leaves as ``out_dtype``: ``stages``, or as many as fit (at most
-        ``MAX_STAGES``).
+        halves) when the tile leaves as ``out_dtype`` (``cluster``: beside the cluster
+        split's partial tile): ``stages``, or as many as fit (at most ``MAX_STAGES``).
 
         Raises:
             ConfigError: fewer than two stages fit.
         """
         room = SMEM_CAPACITY[arch] - BARRIER_BYTES - self.epilogue_bytes(out_dtype)
+        if cluster:
+            room -= self.partial_bytes()
         fit = room // self.stage_bytes(in_dtype, sparse)
         stages = self.stages or min(fit, MAX_STAGES)
         if stages < 2 or stages > fit:
@@ -195,7 +228,8 @@ class GemmConfig:
         """A short name: tile, ring, order and split."""
         stages = self.stages or "auto"
         split = "" if self.split_k == 1 else f" split{self.split_k or 'auto'}-{self.split_mode}"
-        grid = "persistent" if self.persistent else "grid"
+        clustered = self.split_mode == "cluster" and self.split_k > 1
+        grid = "persistent" if self.persistent and not clustered else "grid"
         return (f"{self.block_m}x{self.block_n}x{self.block_k} s{stages} "
                 f"g{self.raster_group} {grid}{split}")
 

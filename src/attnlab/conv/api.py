@@ -21,7 +21,7 @@ from attnlab import device, kernel_cache
 from attnlab.counters import tile_counters
 from attnlab.gemm import matmul
 from attnlab.gemm.api import refuse_autograd, split_partials
-from attnlab.gemm.dispatch import plan
+from attnlab.gemm.dispatch import Plan, plan
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec, output_size
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
@@ -101,9 +101,16 @@ CONV_TILES = ((128, 160), (128, 128), (64, 160), (64, 128), (64, 64))
 #: A K step of the implicit GEMM against the GEMM's (ncu: 0.37 us a 64 x 64 step at 1 x 640 x
 #: 16^2 against 0.16 for the GEMM, docs/conv.md): the dispatch model's steps scaled by it.
 CONV_STEP_SCALE = 2.3
-#: Split counts the conv dispatch weighs: two slices beat one and four at every level whose
-#: tiles leave SMs idle (twenty-second session, H200, ``scripts/conv_candidates.py``).
-CONV_SPLITS = (1, 2)
+#: Split counts the conv dispatch weighs, the slices meeting in a cluster: against the
+#: serial split (two slices, the earlier default) cluster splits measured 1.02-1.12x cuDNN
+#: end to end where the serial ones read 0.73-0.96x, at every C >= 320 level whose tiles
+#: leave SMs idle (H100, twenty-seventh session, ``scripts/conv_candidates.py``,
+#: docs/conv.md); a serial split stays available through a config.
+CONV_SPLITS = (1, 2, 4, 8)
+#: A conv cluster split's fixed and per-CTA device microseconds (``dispatch.device_us``):
+#: within 2 us of the model's steps at the C >= 320 levels (H100, 64-row tiles, two slices),
+#: where the GEMM's skinny shapes, bound by memory more than by their K steps, pay more.
+CONV_CLUSTER_US = (2.0, 0.0)
 #: The im2col TMA descriptor's corner offsets (padding, and padding less the filter's reach)
 #: must lie in [-16, 15] (the 5-D descriptor's range; the 4-D one we use allows more).
 IMPLICIT_CORNER = 16
@@ -158,7 +165,8 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     ``implicit_refusal`` allows, else im2col). Filters already channels-last
     (``w.to(memory_format=torch.channels_last)``) are used in place; others are permuted once
     per call. ``config``: the implicit GEMM's tile, ring and split count (a ``GemmConfig``;
-    slices meet in the one-kernel serial form), or an ``MmaGemmConfig`` for the ``mma.sync``
+    slices meet in a cluster with ``split_mode="cluster"``, else in the one-kernel serial
+    form), or an ``MmaGemmConfig`` for the ``mma.sync``
     kernel with the lab's coordinate tables (sm80+, whole tiles, the bias added after);
     default: ``attnlab.gemm.dispatch``'s choice for the ``N P Q x K x R S C`` GEMM. A call
     signature (shapes, strides, dtypes, device, options) is validated and planned once;
@@ -254,10 +262,19 @@ def _with_bias(out_nhwc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
     return out_nhwc.permute(0, 3, 1, 2)
 
 
+def _conv_plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
+               dtype: str) -> Plan:
+    """The implicit GEMM's plan: the GEMM dispatch over the conv's tiles and split counts
+    (slices meeting in a cluster), its K steps ``CONV_STEP_SCALE`` times a GEMM's."""
+    return plan(m, n, k, multiprocessors, config, in_dtype=dtype, out_dtype=dtype,
+                tiles=CONV_TILES, step_scale=CONV_STEP_SCALE, split_counts=CONV_SPLITS,
+                split_modes=("cluster",), cluster_us=CONV_CLUSTER_US)
+
+
 class _ImplicitConv:
     """One call signature's implicit-GEMM convolution: its plan (the GEMM dispatch's tile and
-    split count, a split summed by the serial form; an ``MmaGemmConfig``: one CTA a tile)
-    and kernel, built once."""
+    split count, the slices meeting in a cluster or serially; an ``MmaGemmConfig``: one CTA
+    a tile) and kernel, built once."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, has_bias: bool,
                  stride: tuple[int, int], padding: tuple[int, int],
@@ -277,10 +294,9 @@ class _ImplicitConv:
             spec = ImplicitConvSpec(config, info.arch, dtype, r, s, *stride, *padding)
             self.label = f"implicit mma {config.block_m}x{config.block_n}x{config.block_k}"
         else:
-            p = plan(self.pixels, k, r * s * c, info.multiprocessors, config, in_dtype=dtype,
-                     out_dtype=dtype, tiles=CONV_TILES, step_scale=CONV_STEP_SCALE,
-                     split_counts=CONV_SPLITS)
-            self.split = "none" if p.splits == 1 else "serial"
+            p = _conv_plan(self.pixels, k, r * s * c, info.multiprocessors, config, dtype)
+            # A split meets in a cluster or serially (a config's other modes run serially).
+            self.split = p.split if p.split in ("none", "cluster") else "serial"
             self.splits, self.num_ctas = p.splits, p.num_ctas
             self.counters = (math.ceil(self.pixels / p.config.block_m)
                              * math.ceil(k / p.config.block_n) * p.config.num_consumers)

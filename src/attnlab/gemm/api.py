@@ -164,7 +164,7 @@ class _GemmCall:
         config = config or tuned(info, dtype, out_name, self.m, self.n, self.k)
         self.plan: Plan = plan(self.m, self.n, self.k, info.multiprocessors, config,
                                in_dtype=dtype, out_dtype=out_name)
-        kernel_out = out_name if self.plan.split in ("none", "serial") else "float32"
+        kernel_out = out_name if self.plan.split in ("none", "serial", "cluster") else "float32"
         spec = GemmSpec(binary_config(self.plan.config), info.arch, dtype, kernel_out,
                         self.a_major, self.b_major, self.plan.split)
         self.gemm = kernel_cache.get(spec).fn
@@ -189,9 +189,9 @@ class _GemmCall:
                              f"boundary (a view at an odd offset is not); clone it")
         p = self.plan
         shape = (self.m, self.n)
-        if p.split == "none":
+        if p.split in ("none", "cluster"):
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)
-            self.gemm(a, b, c, None, None, *NO_EPILOGUE, 1, p.num_ctas)
+            self.gemm(a, b, c, None, None, *NO_EPILOGUE, p.splits, p.num_ctas)
             return c
         if p.split == "serial":
             c = torch.empty(shape, dtype=self.out_dtype, device=a.device)

@@ -9,11 +9,12 @@ loads, not MMAs):
 
     device = waves(tiles x splits) x ceil(k_tiles / splits) x step x STEP_US
              + SPLIT_US x (1 + splits) (if split: the slices' meeting, each slice's partial
-               read back by the last)
+               read back by the last; a cluster: CLUSTER_US + CLUSTER_CTA_US x CTAs)
 
 Candidates: the 128 x 256, 128 x 128, 64 x 128 and 64 x 64 tiles unsplit, and the three
 smaller ones with every split count, serial or through a workspace, when their tiles do not
-fill the GPU. The cheapest wins
+fill the GPU, and with every split count a cluster can hold, meeting in it (one launch like
+an unsplit call's, nothing allocated). The cheapest wins
 (then the shorter device time, the larger tile, the fewer slices). A split pays only when the
 unsplit device time is above split-K's host cost: at long K (256 x 256 x 8192, 128 x 128 x
 8192: four serial slices, ``docs/gemm.md``); elsewhere in the lab's skinny set 64-row tiles
@@ -38,16 +39,30 @@ STEP_FIXED = 0.16
 #: Host microseconds of a call (an H100's host, docs/gemm.md; the split modes scaled by their
 #: ratio to an unsplit call on an H200's host, twenty-second session: serial 1.2x with its
 #: partials kept per stream, workspace 1.42x, atomic 2.28x).
-HOST_US = {"none": 14.0, "serial": 17.0, "workspace": 20.0, "atomic": 32.0}
+HOST_US = {"none": 14.0, "serial": 17.0, "workspace": 20.0, "atomic": 32.0,
+           "cluster": 14.0}
 #: Device microseconds per slice of the slices' meeting (each partial's round trip through
 #: L2): with it four slices beat eight at 256 x 256 x 8192, as measured.
 SPLIT_US = 0.9
+#: Device microseconds a cluster split adds: a fixed part and a part per CTA and 64 x 64 of
+#: its tile (each CTA's ring filled from cold, its barriers, its share of the meeting's
+#: distributed-shared-memory reads; ``kernels/gemm/cluster_split.py``), fitted to the
+#: skinny set on an H100 (16 to 512 CTAs, clusters of 4 and 8, docs/gemm.md).
+CLUSTER_US = 5.0
+CLUSTER_CTA_US = 0.04
+#: The tile height of the clusters the model weighs: one consumer warpgroup, whose meeting
+#: is cheaper (128-row clusters measured 0.7-0.85x the 64-row ones at the skinny GEMMs and
+#: the conv levels, H100).
+CLUSTER_BLOCK_M = 64
+#: The share of the SMs clusters of 8 CTAs fill at once: a cluster lives in one GPC, whose
+#: SM count is not a multiple of 8 (measured: 128 CTAs in clusters of 8 ran as two waves).
+CLUSTER8_SHARE = 7 / 8
 #: Fewest ring stages a default tile keeps (two leave the TMA latency exposed).
 MIN_STAGES = 3
 #: Fewest K tiles a slice should keep (the ring's prologue and the epilogue amortised).
 MIN_K_TILES_PER_SPLIT = 2
 #: The split modes the model weighs (atomic's zeroed accumulator costs the most host time).
-SPLIT_MODES_WEIGHED = ("serial", "workspace")
+SPLIT_MODES_WEIGHED = ("serial", "workspace", "cluster")
 #: The tiles the model weighs, (block_m, block_n), largest first.
 TILES = ((128, 256), (128, 128), (64, 128), (64, 64))
 
@@ -78,21 +93,35 @@ def step_cost(config: GemmConfig) -> float:
 
 
 def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
-              multiprocessors: int, step_scale: float = 1.0) -> float:
+              multiprocessors: int, step_scale: float = 1.0,
+              cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> float:
     """The model's device time of ``config`` with ``splits`` slices (module docstring), its
-    steps ``step_scale`` times a GEMM's (the convolution's im2col loads are slower)."""
+    steps ``step_scale`` times a GEMM's (the convolution's im2col loads are slower);
+    ``cluster_us``: a cluster split's fixed and per-CTA costs (``CLUSTER_US``,
+    ``CLUSTER_CTA_US``)."""
     tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
     k_tiles = math.ceil(k / config.block_k)
-    waves = math.ceil(tiles * splits / multiprocessors)
+    clustered = splits > 1 and config.split_mode == "cluster"
+    room = int(multiprocessors * CLUSTER8_SHARE) if clustered and splits > 4 else multiprocessors
+    waves = math.ceil(tiles * splits / room)
+    meeting = 0.0
+    if clustered:
+        area = config.block_m * config.block_n / (64 * 64)
+        fixed, per_cta = cluster_us
+        meeting = fixed + per_cta * area * tiles * splits
+    elif splits > 1:
+        meeting = SPLIT_US * (1 + splits)
     return (waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US * step_scale
-            + (SPLIT_US * (1 + splits) if splits > 1 else 0.0))
+            + meeting)
 
 
 def end_to_end_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
-                  multiprocessors: int, step_scale: float = 1.0) -> float:
+                  multiprocessors: int, step_scale: float = 1.0,
+                  cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> float:
     """The later of the call's host and device sides."""
     host = HOST_US["none" if splits == 1 else config.split_mode]
-    return max(host, device_us(config, splits, m, n, k, multiprocessors, step_scale))
+    return max(host, device_us(config, splits, m, n, k, multiprocessors, step_scale,
+                               cluster_us))
 
 
 def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
@@ -105,11 +134,13 @@ def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
 def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
                block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
                out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
-               split_counts: tuple[int, ...] = SPLIT_CANDIDATES
+               split_counts: tuple[int, ...] = SPLIT_CANDIDATES,
+               split_modes: tuple[str, ...] = SPLIT_MODES_WEIGHED
                ) -> list[tuple[GemmConfig, int]]:
     """``(config, splits)`` pairs the model weighs: the caller's config with every split
     count of ``split_counts``, or every tile of ``tiles`` with K step ``block_k`` that is
-    ``deep_enough`` for its dtypes (module docstring); one slice only without
+    ``deep_enough`` for its dtypes (module docstring), split in each of ``split_modes``
+    (a cluster only where its tile shares out among the slices); one slice only without
     ``allow_split``."""
     k_tiles = math.ceil(k / (config.block_k if config else block_k))
     counts = [s for s in split_counts
@@ -123,33 +154,40 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
             continue
         pairs.append((cfg, 1))
         tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
-        if block_n <= 128 and tiles < multiprocessors:
+        if block_n <= 160 and tiles < multiprocessors:
             pairs += [(cfg.replace(split_mode=mode), s) for s in counts if s > 1
-                      for mode in SPLIT_MODES_WEIGHED]
+                      for mode in split_modes
+                      if mode != "cluster" or (block_m == CLUSTER_BLOCK_M
+                                               and cfg.cluster_splits_ok(s))]
     return pairs
 
 
 def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None = None,
          *, block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
          out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
-         step_scale: float = 1.0, split_counts: tuple[int, ...] = SPLIT_CANDIDATES) -> Plan:
+         step_scale: float = 1.0, split_counts: tuple[int, ...] = SPLIT_CANDIDATES,
+         split_modes: tuple[str, ...] = SPLIT_MODES_WEIGHED,
+         cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> Plan:
     """The plan of an ``m x n x k`` GEMM on a GPU of ``multiprocessors`` SMs. ``config``:
     the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile with K
     step ``block_k`` for ``in_dtype`` operands and an ``out_dtype`` C; ``allow_split=False``:
     one slice (INT8, whose int32 sums the split-K paths do not carry). ``tiles``: the
     (block_m, block_n) tiles weighed, largest first; ``step_scale`` and ``split_counts``: a
-    caller whose K steps cost more (the convolution) and the split counts it weighs."""
+    caller whose K steps cost more (the convolution) and the split counts and modes it
+    weighs, and its clusters' costs (``device_us``)."""
     if config is not None and (config.split_k or not allow_split):
         cfg, splits = config, config.split_k if allow_split else 1
     else:
         pairs = candidates(m, n, k, multiprocessors, config, block_k, allow_split, in_dtype,
-                           out_dtype, tiles, split_counts)
+                           out_dtype, tiles, split_counts, split_modes)
         order = {tile: i for i, tile in enumerate(tiles)}
 
         def rank(pair: tuple[GemmConfig, int]) -> tuple:
             cfg, s = pair
-            return (round(end_to_end_us(cfg, s, m, n, k, multiprocessors, step_scale), 1),
-                    round(device_us(cfg, s, m, n, k, multiprocessors, step_scale), 1),
+            return (round(end_to_end_us(cfg, s, m, n, k, multiprocessors, step_scale,
+                                        cluster_us), 1),
+                    round(device_us(cfg, s, m, n, k, multiprocessors, step_scale,
+                                    cluster_us), 1),
                     order.get((cfg.block_m, cfg.block_n), 0), s)
 
         cfg, splits = min(pairs, key=rank)
@@ -157,9 +195,16 @@ def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None
     splits = max(1, min(splits, k_tiles))
     # Every slice gets at least one K tile: 10 tiles in 6 slices would leave the sixth empty.
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
+    if cfg.split_mode == "cluster" and splits > 1:
+        # Fewer K tiles than slices may leave a count the tile cannot share out.
+        while not cfg.cluster_splits_ok(splits):
+            splits -= 1
+        splits = max(splits, 1)
     tiles = math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n)
     items = tiles * splits
-    num_ctas = min(items, multiprocessors) if cfg.persistent else items
+    # A cluster's slices are side by side in the grid, one item a CTA.
+    persistent = cfg.persistent and not (cfg.split_mode == "cluster" and splits > 1)
+    num_ctas = min(items, multiprocessors) if persistent else items
     return Plan(cfg.replace(split_k=splits), splits, num_ctas)
 
 
@@ -181,6 +226,10 @@ def default_specs(arch: str) -> list:
             specs += [GemmSpec(cfg, arch, "bfloat16", "float32" if split == "workspace"
                                else "bfloat16", "k", "k", split)
                       for split in ("workspace", "serial")]
+            clustered = GemmConfig(block_m=block_m, block_n=block_n, split_mode="cluster")
+            specs += [GemmSpec(clustered.replace(split_k=s), arch, "bfloat16", "bfloat16", "k",
+                               "k", "cluster")
+                      for s in SPLIT_CANDIDATES if clustered.cluster_splits_ok(s)]
         int8 = binary_config(GemmConfig(block_m=block_m, block_n=block_n,
                                         block_k=INT8_BLOCK_K))
         specs += [GemmSpec(int8, arch, "int8", "bfloat16", "k", "k", "none", dequant)

@@ -33,7 +33,8 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
                out_dtype: str = "bfloat16") -> list[GemmConfig]:
     """Candidates for an ``m x n x k`` GEMM: the dispatch model's choice first, then every
     tile x ring depth (as many as fit, or 3 / 4) x raster order (1, 8), and for tiles that
-    leave SMs idle the ``SPLITS`` in both split modes."""
+    leave SMs idle the ``SPLITS`` in the three split modes (a cluster where the tile
+    shares out)."""
     int8 = dtype == "int8"
     block_k = 128 if int8 else 64
     first = plan(m, n, k, multiprocessors, block_k=block_k, allow_split=not int8,
@@ -55,7 +56,10 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
             continue
         for splits in SPLITS:
             if math.ceil(k / block_k) >= 2 * splits:
-                for mode in ("workspace", "serial"):
+                for mode in ("workspace", "serial", "cluster"):
+                    if mode == "cluster" and not GemmConfig(
+                            block_m=block_m, block_n=block_n).cluster_splits_ok(splits):
+                        continue
                     cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
                                      split_k=splits, split_mode=mode)
                     if cfg not in space:

@@ -147,8 +147,9 @@ class ImplicitConvSpec(FlatSpec):
         arch, dtype: the target and the operands' (and output's) dtype.
         filter_r, filter_s: the filter's rows and columns.
         stride_h, stride_w, pad_h, pad_w: the convolution's strides and zero paddings.
-        split: ``"none"``, or ``"serial"`` split-K (partials in a workspace, the last slice
-            of a tile sums them: ``GemmSpec``).
+        split: ``"none"``, ``"serial"`` split-K (partials in a workspace, the last slice
+            of a tile sums them) or ``"cluster"`` (a tile's slices meet in a cluster's shared
+            memory: ``GemmSpec``).
         bias: the epilogue adds a per-output-channel bias.
     """
 
@@ -167,9 +168,9 @@ class ImplicitConvSpec(FlatSpec):
     bias: bool = False
 
     def __post_init__(self):
-        if self.split not in ("none", "serial"):
+        if self.split not in ("none", "serial", "cluster"):
             raise ConfigError(f"the implicit convolution splits K in one kernel: split "
-                              f"\"none\" or \"serial\", got {self.split!r}")
+                              f"\"none\", \"serial\" or \"cluster\", got {self.split!r}")
         if isinstance(self.config, MmaGemmConfig) and (
                 self.split != "none" or self.bias or not self.config.async_copy):
             raise ConfigError("the mma.sync implicit convolution gathers A by cp.async "

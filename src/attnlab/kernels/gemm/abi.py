@@ -23,8 +23,8 @@ GEMM_DTYPES = ("float16", "bfloat16", "int8")
 #: points of B (with A's row sums).
 DEQUANTS = ("none", "scale", "scale_zero")
 #: How split-K slices reach C: not at all, partials summed by the last slice, partials summed
-#: by a second kernel, reduce-adds into C.
-SPLITS = ("none", "serial", "workspace", "atomic")
+#: by a second kernel, reduce-adds into C, partials summed within a cluster.
+SPLITS = ("none", "serial", "workspace", "atomic", "cluster")
 #: Bytes every TMA stride and base must be a multiple of.
 GEMM_ALIGN_BYTES = 16
 #: The K step of 2:4 sparse and online INT8 tiles: A's kept halves, or an int8 tile read as
@@ -49,6 +49,9 @@ def binary_config(config: GemmConfig | MmaGemmConfig) -> GemmConfig | MmaGemmCon
     if isinstance(config, MmaGemmConfig):
         return config
     default = GemmConfig()
+    if config.split_mode == "cluster" and config.split_k > 1:
+        # The cluster's size is compiled in: its meeting's loads are then unrolled.
+        return config.replace(persistent=default.persistent)
     return config.replace(persistent=default.persistent, split_k=default.split_k,
                           split_mode=default.split_mode)
 
@@ -67,10 +70,12 @@ class GemmSpec(FlatSpec):
         a_major, b_major: the unit-stride mode of A (``"k"`` or ``"m"``) and B (``"k"`` or
             ``"n"``).
         split: ``"none"``, ``"serial"`` (with a workspace and tile counters),
-            ``"workspace"`` (C is ``[splits, M, N]``) or ``"atomic"`` (C is reduce-added to).
+            ``"workspace"`` (C is ``[splits, M, N]``), ``"atomic"`` (C is reduce-added to) or
+            ``"cluster"`` (a tile's slices are one cluster: a CTA per slice, the grid the
+            work items).
         dequant: INT8's epilogue (``DEQUANTS``); ``"none"`` for 16-bit operands.
         bias: the epilogue adds ``bias[j]`` to column ``j`` (in fp32, before C's rounding;
-            the sm_90a kernel without split-K or with the serial split).
+            the sm_90a kernel without split-K, with the serial split or in a cluster).
         sparse: A is 2:4 structured-sparse (``attnlab.gemm.sparse``): its kept halves
             ``[M, K / 2]`` (K-major) and their metadata; the sm_90a kernel with
             ``wgmma.mma_async.sp`` (``block_k`` 64 or 128), or the ``mma.sync`` kernel with
@@ -98,7 +103,15 @@ class GemmSpec(FlatSpec):
     def __post_init__(self):
         if self.bias and self.split in ("workspace", "atomic"):
             raise ConfigError(f"a bias is added by the epilogue of the slice that finishes a "
-                              f"tile: split \"none\" or \"serial\", not {self.split!r}")
+                              f"tile: split \"none\", \"serial\" or \"cluster\", not "
+                              f"{self.split!r}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"split must be one of {SPLITS}, got {self.split!r}")
+        cluster_config = (isinstance(self.config, GemmConfig) and self.config.split_k > 1
+                          and self.config.split_mode == "cluster")
+        if (self.split == "cluster") != cluster_config:
+            raise ConfigError("split \"cluster\" goes with a config of split_mode \"cluster\" "
+                              "and its split_k (the cluster's size, compiled in)")
         if self.sparse and self.online_int8:
             raise ConfigError("sparse and online_int8 are separate kernels; pick one")
         cfg = self.config

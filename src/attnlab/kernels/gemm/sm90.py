@@ -23,7 +23,9 @@ epilogue) are what this kernel is made of, in their Hopper form:
   warpgroup); the slice that counts last adds the tile's partials up in split order (two
   slices: the other's onto its registers; more: all read back, four slices' loads in flight),
   resets the counter and runs the epilogue: one kernel, deterministic. With
-  ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]``
+  ``split="cluster"`` a tile's slices are one thread-block cluster and meet in distributed
+  shared memory (``kernels/gemm/cluster_split.py``): one kernel, no workspace, deterministic.
+  With ``split="workspace"`` C is fp32 ``[splits, M, N]`` and slice ``s`` stores to ``C[s]``
   (summed in order by ``kernels/gemm/reduce.py``); with ``split="atomic"`` the epilogue's TMA
   copy is a reduce-add into an fp32 C (the adds happen in L2).
 
@@ -52,12 +54,14 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M
+from attnlab.gemm_config import PARTIAL_PAD
 from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
 from attnlab.kernels.gemm.abi import PAD_META, SPARSE_MMA_K, WORDS_K, GemmArgs, GemmSpec
 from attnlab.kernels.gemm.base import GemmKernel
+from attnlab.kernels.gemm.cluster_split import stage_partials, sum_band
 from attnlab.kernels.gemm.ptx_mma import add_s8x4, retire_words, wgmma_sp
 from attnlab.kernels.gemm.tiles import k_tiles_per_split, tile_coords
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
@@ -73,7 +77,9 @@ class HgemmSm90(GemmKernel):
     def __init__(self, spec: GemmSpec):
         super().__init__(spec)
         self.num_consumers = self.cfg.num_consumers
-        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype, spec.sparse)
+        self.cluster = spec.split == "cluster"
+        self.stages = self.cfg.ring_stages(spec.arch, spec.out_dtype, spec.dtype, spec.sparse,
+                                           self.cluster)
         self.tile = (self.cfg.block_m, self.cfg.block_n, self.cfg.block_k)
         # How A's TMA coordinates are tiled: (rows, K step) of an [M, K] matrix (of its kept
         # halves [M, K / 2] when A is 2:4 sparse).
@@ -116,20 +122,26 @@ class HgemmSm90(GemmKernel):
                  else cpasync.CopyBulkTensorTileS2GOp())
         tma_c = tuple(cpasync.make_tiled_tma_atom(store, mC, self._stage(sC_layout),
                                                   (WGMMA_M, bn)))
-        SharedStorage = shared_storage({
+        fields = {
             "sA": shared_tile(self.dtype, sA_layout), "sB": shared_tile(self.dtype, sB_layout),
             "sC": shared_tile(self.out_dtype, sC_layout),
             "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages],
             # Serial split-K: each warpgroup's count at its tile's counter, for all its threads.
-            "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]})
+            "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]}
+        cluster = None
+        if cutlass.const_expr(self.cluster):
+            fields["sPartial"] = cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float32, cfg.partial_bytes() // 4], 16]
+            cluster = [cfg.split_k, 1, 1]
+        SharedStorage = shared_storage(fields)
         m_tiles = cute.ceil_div(m_rows, bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         epilogue = (t.scale_a, t.scale_b, t.zero_b, t.bias)
         self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, t.meta, mma, mma_wg,
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
-                    t.num_splits).launch(
-            grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1)
+                    t.num_splits, c).launch(
+            grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], cluster=cluster,
+            stream=stream, min_blocks_per_mp=1)
 
     def _a_operand(self, a: cute.Tensor, a_stage) -> tuple:
         """A's TMA atom and coordinates (tiled by ``a_tiler``), the rows of C and the K
@@ -153,7 +165,8 @@ class HgemmSm90(GemmKernel):
                mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
-               n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32):
+               n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32,
+               c: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -177,19 +190,36 @@ class HgemmSm90(GemmKernel):
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
                 self._produce(tma_a, tma_b, sA, sB, ring, walk)
+            if cutlass.const_expr(self.cluster):
+                # Every thread of the cluster at both of the meeting's barriers: a warp that
+                # exits instead let the barrier open before all the consumers had arrived.
+                for _ in cutlass.range_constexpr(2):
+                    cute.arch.cluster_arrive_relaxed()
+                    cute.arch.cluster_wait()
         else:
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             arrivals = storage.arrivals.get_tensor(cute.make_layout(self.num_consumers))
+            partial = None
+            if cutlass.const_expr(self.cluster):
+                bm, bn, _ = self.tile
+                partial = storage.sPartial.get_tensor(cute.make_layout(
+                    (bm, bn), stride=(bn + PARTIAL_PAD, 1)))
             self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
-                          (workspace, counters, arrivals), epilogue, meta)
+                          (workspace, counters, arrivals), epilogue, meta, (partial, c))
 
     def _items(self, walk: tuple):
-        """This CTA's work items (``range`` arguments) and the K tiles of a slice."""
+        """This CTA's work items (``range`` arguments) and the K tiles of a slice. A cluster
+        split's grid is its items, a tile's slices side by side (one cluster): CTA ``c``
+        takes slice ``c % splits`` of tile ``c // splits``, and only that."""
         m_tiles, n_tiles, k_tiles, num_splits = walk
         first, _, _ = cute.arch.block_idx()
         stride, _, _ = cute.arch.grid_dim()
-        return (first, m_tiles * n_tiles * num_splits, stride,
-                k_tiles_per_split(k_tiles, num_splits))
+        items = m_tiles * n_tiles * num_splits
+        if cutlass.const_expr(self.cluster):
+            tile = first // num_splits
+            first = (first - tile * num_splits) * m_tiles * n_tiles + tile
+            stride = items
+        return first, items, stride, k_tiles_per_split(k_tiles, num_splits)
 
     def _k_range(self, split, per_split, k_tiles):
         k0 = split * per_split
@@ -229,11 +259,11 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
                  sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
-                 serial: tuple, epilogue: tuple, meta: cute.Tensor | None):
+                 serial: tuple, epilogue: tuple, meta: cute.Tensor | None, cluster: tuple):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
         (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
         ``epilogue``: INT8's scales and zero points, and the bias; ``meta``: 2:4 sparse A's
-        metadata)."""
+        metadata; ``cluster``: the cluster split's partial tile and C)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -304,7 +334,9 @@ class HgemmSm90(GemmKernel):
                     for offset in (1, 2):
                         row_sums[r] = row_sums[r] + cute.arch.shuffle_sync_bfly(
                             row_sums[r], offset=offset)
-            if cutlass.const_expr(self.spec.split == "serial"):
+            if cutlass.const_expr(self.cluster):
+                self._meet_in_cluster(acc, coords, cluster, epilogue[3], m, n, ctidx)
+            elif cutlass.const_expr(self.spec.split == "serial"):
                 if self._count_in(acc, coords, serial, ctidx % WARPGROUP, wg, (m, n, split),
                                   walk):
                     self._epilogue(self._finish(acc, coords, epilogue, row_sums, m, n),
@@ -463,6 +495,22 @@ class HgemmSm90(GemmKernel):
             for r in cutlass.range_constexpr(rows):
                 out_mn[r, c] = row_scale[r] * col_scale * (out_mn[r, c] - zero * row_sum[r])
         return out
+
+    @cute.jit
+    def _meet_in_cluster(self, acc: cute.Tensor, coords: cute.Tensor, cluster: tuple,
+                         bias: cute.Tensor | None, m, n, ctidx):
+        """The cluster split's meeting (``kernels/gemm/cluster_split.py``): this slice's
+        partials staged, the cluster barrier, this slice's band of rows summed over every
+        slice (plus the bias) and stored, and a barrier that keeps the partials until all
+        have read them (the producer warpgroup meets both barriers too)."""
+        partial, c = cluster
+        stage_partials(acc, coords, partial)
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        sum_band(partial, c, bias, m, n, ctidx, WARPGROUP * self.num_consumers,
+                 self.cfg.split_k)
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
 
     @cute.jit
     def _count_in(self, acc: cute.Tensor, coords: cute.Tensor, serial: tuple, wtidx, wg,
