@@ -173,10 +173,11 @@ class GemmConfig:
         fit = room // self.stage_bytes(in_dtype, sparse)
         stages = self.stages or min(fit, MAX_STAGES)
         if stages < 2 or stages > fit:
+            beside = f" and a {self.partial_bytes() // 1024} KiB partial tile" if cluster else ""
             raise ConfigError(
                 f"{self.block_m} x {self.block_n} x {self.block_k} tiles with a {out_dtype} "
-                f"epilogue fit {fit} ring stages in {SMEM_CAPACITY[arch] // 1024} KiB of "
-                f"shared memory; asked {self.stages or 'as many as fit'} (need at least 2)")
+                f"epilogue{beside} fit {fit} ring stages in {SMEM_CAPACITY[arch] // 1024} KiB "
+                f"of shared memory; asked {self.stages or 'as many as fit'} (need at least 2)")
         return stages
 
     def replace(self, **changes) -> GemmConfig:

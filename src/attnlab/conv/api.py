@@ -306,21 +306,34 @@ class _ImplicitConv:
             self.label = f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{p.splits}"
         self.kernel = kernel_cache.get(spec).fn
         self._scratch: dict[int, torch.Tensor] = {}
+        # The call signature fixes w's strides: channels-last filters are the GEMM's B as
+        # they lie (one strided view a call, where permuting and reshaping took four).
+        self.filters_in_place = w.permute(0, 2, 3, 1).is_contiguous()
+        self.filter_values = r * s * c
+        n, p, q, k = self.out_shape
+        self.nchw_shape = (n, k, p, q)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
                  ) -> torch.Tensor:
         if x.data_ptr() % GEMM_ALIGN_BYTES:
             raise ValueError(f"x's data must start on a {GEMM_ALIGN_BYTES}-byte boundary (a "
                              f"view at an odd offset is not); clone it")
-        k = w.shape[0]
-        filters = _filters(w).view(k, -1)
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=x.device)
-        c = out.view(self.pixels, k)
+        k, rsc = w.shape[0], self.filter_values
+        filters_t = (w.as_strided((rsc, k), (1, rsc)) if self.filters_in_place
+                     else _filters(w).view(k, rsc).t())
         workspace = counters = None
         if self.split == "serial":
             workspace = split_partials(self._scratch, x.device, (self.splits, self.pixels, k))
             counters = tile_counters(x.device, self.counters)
-        fused = None if bias is None or self.bias_after else bias.to(self.dtype)
-        self.kernel(x.permute(0, 2, 3, 1), filters.t(), c, workspace, counters, None, None,
-                    None, fused, None, self.splits, self.num_ctas)
-        return _with_bias(out, bias if self.bias_after else None)
+        if self.bias_after:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=x.device)
+            c, fused = out.view(self.pixels, k), None
+        else:
+            # The result itself, channels-last; the kernel writes it as the [N P Q, K] matrix.
+            out = torch.empty(self.nchw_shape, dtype=self.dtype, device=x.device,
+                              memory_format=torch.channels_last)
+            c = out.as_strided((self.pixels, k), (k, 1))
+            fused = bias if bias is None or bias.dtype == self.dtype else bias.to(self.dtype)
+        self.kernel(x.permute(0, 2, 3, 1), filters_t, c, workspace, counters, None, None, None,
+                    fused, None, self.splits, self.num_ctas)
+        return _with_bias(out, bias) if self.bias_after else out

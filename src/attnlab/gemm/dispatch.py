@@ -211,7 +211,8 @@ def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None
 def default_specs(arch: str) -> list:
     """Every GEMM kernel the dispatch may build on ``arch`` (the audit's and the cache
     warm-up's list): on sm_90a each model tile in fp16 and bf16, the split forms of the split
-    tiles, INT8's tiles with both epilogues and the split-K reduction; none elsewhere."""
+    tiles (in a cluster: bf16, every cluster size the 64-row tiles share out), INT8's tiles
+    with both epilogues and the split-K reduction; none elsewhere."""
     from attnlab.gemm.int8 import INT8_BLOCK_K
     from attnlab.kernels.gemm.abi import GemmSpec, ReduceSpec, binary_config
 
@@ -228,8 +229,9 @@ def default_specs(arch: str) -> list:
                       for split in ("workspace", "serial")]
             clustered = GemmConfig(block_m=block_m, block_n=block_n, split_mode="cluster")
             specs += [GemmSpec(clustered.replace(split_k=s), arch, "bfloat16", "bfloat16", "k",
-                               "k", "cluster")
-                      for s in SPLIT_CANDIDATES if clustered.cluster_splits_ok(s)]
+                               b_major, "cluster")
+                      for s in SPLIT_CANDIDATES for b_major in ("n", "k")
+                      if block_m == CLUSTER_BLOCK_M and clustered.cluster_splits_ok(s)]
         int8 = binary_config(GemmConfig(block_m=block_m, block_n=block_n,
                                         block_k=INT8_BLOCK_K))
         specs += [GemmSpec(int8, arch, "int8", "bfloat16", "k", "k", "none", dequant)
