@@ -51,7 +51,9 @@ CONFIG_ARG = typer.Argument(..., metavar="CONFIG",
                             help="A ladder name (k01..k16, pad8, ...), a FlashConfig JSON file, "
                             "or a GEMM config: gemm[:BMxBNxBK], igemm[:BMxBNxBK] (sm_90a), "
                             "a GEMM ladder step g01..g09, the mma.sync kernel's sparse24 "
-                            "(2:4 sparse A) or online_int8.")
+                            "(2:4 sparse A) or online_int8; or an implicit-GEMM "
+                            "convolution: conv[:BMxBNxBK] (3 x 3, stride 1, padding 1, "
+                            "bias) or a conv ladder step c03..c06.")
 VS_OPTION = typer.Option(None, "--vs", metavar="CONFIG2", help="A second config to compare.")
 ARCH_OPTION = typer.Option("sm_90a", "--arch", help=f"Target: {', '.join(SMEM_CAPACITY)}.")
 DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
