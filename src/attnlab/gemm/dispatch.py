@@ -9,16 +9,17 @@ loads, not MMAs):
 
     device = waves(tiles x splits) x ceil(k_tiles / splits) x step x STEP_US
              + SPLIT_US x (1 + splits) (if split: the slices' meeting, each slice's partial
-               read back by the last; a cluster: CLUSTER_US + CLUSTER_CTA_US x CTAs)
+               read back by the last; a cluster: CLUSTER_US + CLUSTER_CTA_US x CTAs x
+               the tile's area in 64 x 64 blocks, and clusters of 8 fill 7/8 of the SMs)
 
 Candidates: the 128 x 256, 128 x 128, 64 x 128 and 64 x 64 tiles unsplit, and the three
-smaller ones with every split count, serial or through a workspace, when their tiles do not
-fill the GPU, and with every split count a cluster can hold, meeting in it (one launch like
-an unsplit call's, nothing allocated). The cheapest wins
-(then the shorter device time, the larger tile, the fewer slices). A split pays only when the
-unsplit device time is above split-K's host cost: at long K (256 x 256 x 8192, 128 x 128 x
-8192: four serial slices, ``docs/gemm.md``); elsewhere in the lab's skinny set 64-row tiles
-unsplit are the fastest.
+smaller ones (a caller's up to 160 columns wide) with every split count, serial or through a
+workspace, when their tiles do not fill the GPU, and the 64-row ones with every split count
+a cluster can hold, meeting in it (one launch like an unsplit call's, nothing allocated).
+The cheapest wins (then the shorter device time, the larger tile, the fewer slices). A split
+pays where the unsplit device time is above the host's: in the lab's skinny set at long K
+(four slices of 64 x 64 in clusters at 256 x 256 x 8192, eight at 128 x 128 x 8192,
+``docs/gemm.md``); 512 x 512 x 4096 and the decode-sized shapes run unsplit.
 """
 
 from __future__ import annotations

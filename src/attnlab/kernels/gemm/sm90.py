@@ -191,8 +191,8 @@ class HgemmSm90(GemmKernel):
             if warp_idx == 0:
                 self._produce(tma_a, tma_b, sA, sB, ring, walk)
             if cutlass.const_expr(self.cluster):
-                # Every thread of the cluster at both of the meeting's barriers: a warp that
-                # exits instead let the barrier open before all the consumers had arrived.
+                # Every thread of the cluster meets both of the meeting's barriers, rather
+                # than leaning on the cluster barrier's waiving of threads that have exited.
                 for _ in cutlass.range_constexpr(2):
                     cute.arch.cluster_arrive_relaxed()
                     cute.arch.cluster_wait()
