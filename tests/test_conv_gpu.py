@@ -81,6 +81,8 @@ def test_conv2d_auto_picks_implicit_where_it_runs_and_refuses_it_with_the_reason
     assert plan_label(x, w) == "im2col"
     big, filters, _ = _case(4, 320, 64, 320, 3, torch.bfloat16)
     assert plan_label(big, filters) == "implicit 128x160x64 s1"  # the conv dispatch's tile
+    small, filters, _ = _case(1, 640, 32, 640, 3, torch.bfloat16)
+    assert plan_label(small, filters) == "implicit 64x160x64 s2 cluster"  # split, clustered
 
 
 def _image(n, c, hw, dtype, seed, scale=1.0, shift=0.0):

@@ -202,7 +202,8 @@ def plan_label(x: torch.Tensor, w: torch.Tensor, stride: int | tuple[int, int] =
                padding: int | tuple[int, int] = 1, *, algorithm: str = "auto",
                config: GemmConfig | MmaGemmConfig | None = None) -> str:
     """How ``conv2d`` runs this call: ``"implicit 128x160x64 s1"`` (the tile and split
-    count), ``"implicit mma 128x64x32"``, ``"im2col"`` or ``"direct"`` (validates, as a call
+    count, and how the slices meet: ``"implicit 64x160x64 s2 cluster"``), ``"implicit mma
+    128x64x32"``, ``"im2col"`` or ``"direct"`` (validates, as a call
     would; builds nothing more than the call's first run does)."""
     return _plan(x, w, None, stride, padding, algorithm, config).label
 
@@ -303,7 +304,9 @@ class _ImplicitConv:
             spec = ImplicitConvSpec(binary_config(p.config), info.arch, dtype, r, s, *stride,
                                     *padding, self.split, has_bias)
             cfg = p.config
-            self.label = f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{p.splits}"
+            meet = "" if self.split == "none" else f" {self.split}"
+            self.label = (f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
+                          f"s{p.splits}{meet}")
         self.kernel = kernel_cache.get(spec).fn
         self._scratch: dict[int, torch.Tensor] = {}
         # The call signature fixes w's strides: channels-last filters are the GEMM's B as
