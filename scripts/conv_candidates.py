@@ -15,7 +15,7 @@ from attnlab import device, kernel_cache
 from attnlab.bench.conv import ConvPoint, conv_impls, conv_sets
 from attnlab.bench.gemm import best_lines, measure_gemm
 from attnlab.conv import conv2d
-from attnlab.gemm import GemmConfig
+from attnlab.gemm.tune import split_configs
 from attnlab.kernels.conv.abi import ImplicitConvSpec
 from attnlab.kernels.gemm.abi import binary_config
 
@@ -35,12 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
-    modes = args.modes.split(",")
-    configs = {f"{bm}x{bn} s{s}{'' if s == 1 else ' ' + mode[0]}": GemmConfig(
-                   block_m=bm, block_n=bn, split_k=s, split_mode=mode)
-               for bm, bn in tiles for s in map(int, args.splits.split(","))
-               for mode in modes if not (s == 1 and mode != modes[0])
-               and (mode != "cluster" or GemmConfig(block_m=bm, block_n=bn).cluster_splits_ok(s))}
+    configs = split_configs(tuple(tiles), tuple(map(int, args.splits.split(","))),
+                            tuple(args.modes.split(",")))
     specs = {ImplicitConvSpec(binary_config(cfg), info.arch, "bfloat16",
                               split="none" if cfg.split_k == 1 else cfg.split_mode, bias=True)
              for cfg in configs.values()}

@@ -9,23 +9,12 @@ import torch
 
 from attnlab import device
 from attnlab.bench.gemm import GemmPoint, best_lines, gemm_impls, measure_gemm
-from attnlab.gemm import GemmConfig
+from attnlab.gemm.tune import split_configs
 
 SHAPES = [(1024, 1024, 1024), (512, 512, 4096), (256, 256, 4096), (256, 256, 8192),
           (128, 128, 8192), (1, 4096, 4096), (16, 4096, 4096)]
 MODES = ("serial", "workspace", "cluster")
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128))
-
-
-def configs(modes: tuple[str, ...], tiles: tuple[tuple[int, int], ...] = TILES,
-            counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, GemmConfig]:
-    """Every tile of ``tiles`` with each slice count of ``counts`` in each of ``modes`` (a
-    cluster where the tile shares out)."""
-    return {f"{bm}x{bn} s{s} {mode[0]}": GemmConfig(block_m=bm, block_n=bn, split_k=s,
-                                                    split_mode=mode)
-            for bm, bn in tiles for s in counts
-            for mode in modes if not (s == 1 and mode != modes[0])
-            and (mode != "cluster" or GemmConfig(block_m=bm, block_n=bn).cluster_splits_ok(s))}
 
 
 def main() -> None:
@@ -42,8 +31,8 @@ def main() -> None:
     points = [GemmPoint(m, n, k, "bfloat16", "k" if m <= 16 else "n") for m, n, k in shapes]
     tiles = tuple(tuple(int(x) for x in t.split("x")) for t in args.tiles.split(","))
     counts = tuple(int(x) for x in args.splits.split(","))
-    results = measure_gemm(points, gemm_impls(configs(tuple(args.modes.split(",")), tiles,
-                                                      counts)), info.l2_bytes, runs=20)
+    configs = split_configs(tiles, counts, tuple(args.modes.split(",")))
+    results = measure_gemm(points, gemm_impls(configs), info.l2_bytes, runs=20)
     rows = [r.to_dict() for r in results]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gemm_candidates.json").write_text(json.dumps(rows, indent=1))

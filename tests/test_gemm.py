@@ -216,6 +216,18 @@ def test_cluster_split_configs_and_specs_refuse_what_cannot_meet():
     with pytest.raises(ConfigError, match="partial tile"):
         GemmConfig(block_n=256, split_k=8, split_mode="cluster").ring_stages(
             "sm_90a", "bfloat16", cluster=True)
+    assert GemmConfig(block_m=64, block_n=64).can_split(3, "serial")
+    assert not GemmConfig(block_m=64, block_n=64).can_split(3, "cluster")
+    # A sweep's names: each tile once unsplit, then every count in each mode it can meet in.
+    from attnlab.gemm.tune import split_configs
+
+    names = split_configs(((64, 64),), (1, 3, 4), ("serial", "cluster"))
+    assert list(names) == ["64x64 s1", "64x64 s3 s", "64x64 s4 s", "64x64 s4 c"]
+    assert names["64x64 s4 c"].split_mode == "cluster"
+    # Fewer K tiles than a cluster's slices: a count the tile shares out, never below one.
+    p = plan(256, 256, 3 * 64, 132, GemmConfig(block_m=64, block_n=64, split_k=4,
+                                                split_mode="cluster"))
+    assert p.splits == 2 and p.split == "cluster"
     # Other split modes still share one binary across split counts.
     assert binary_config(GemmConfig(split_k=4, split_mode="serial")).split_k == 1
     assert GemmConfig(block_m=64, block_n=64, split_k=4,

@@ -114,6 +114,11 @@ class GemmConfig:
             return False
         return (self.block_m // splits) * self.block_n % (4 * 128 * self.num_consumers) == 0
 
+    def can_split(self, splits: int, mode: str) -> bool:
+        """Whether ``splits`` slices of this tile can meet in ``mode``: serially or through
+        a workspace any count, in a cluster where the tile shares out."""
+        return mode != "cluster" or self.cluster_splits_ok(splits)
+
     def check_cluster_splits(self, splits: int) -> None:
         """Refuse a cluster split the tile cannot share out (ConfigError)."""
         if not self.cluster_splits_ok(splits):

@@ -158,8 +158,8 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
         if block_n <= 160 and tiles < multiprocessors:
             pairs += [(cfg.replace(split_mode=mode), s) for s in counts if s > 1
                       for mode in split_modes
-                      if mode != "cluster" or (block_m == CLUSTER_BLOCK_M
-                                               and cfg.cluster_splits_ok(s))]
+                      if cfg.can_split(s, mode)
+                      and (mode != "cluster" or block_m == CLUSTER_BLOCK_M)]
     return pairs
 
 
@@ -198,9 +198,8 @@ def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     if cfg.split_mode == "cluster" and splits > 1:
         # Fewer K tiles than slices may leave a count the tile cannot share out.
-        while not cfg.cluster_splits_ok(splits):
+        while splits > 1 and not cfg.cluster_splits_ok(splits):
             splits -= 1
-        splits = max(splits, 1)
     tiles = math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n)
     items = tiles * splits
     # A cluster's slices are side by side in the grid, one item a CTA.

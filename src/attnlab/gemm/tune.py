@@ -57,14 +57,25 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
         for splits in SPLITS:
             if math.ceil(k / block_k) >= 2 * splits:
                 for mode in ("workspace", "serial", "cluster"):
-                    if mode == "cluster" and not GemmConfig(
-                            block_m=block_m, block_n=block_n).cluster_splits_ok(splits):
+                    if not GemmConfig(block_m=block_m, block_n=block_n).can_split(splits, mode):
                         continue
                     cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
                                      split_k=splits, split_mode=mode)
                     if cfg not in space:
                         space.append(cfg)
     return [cfg for cfg in space if cfg.stages <= MAX_STAGES]
+
+
+def split_configs(tiles: tuple[tuple[int, int], ...], counts: tuple[int, ...],
+                  modes: tuple[str, ...]) -> dict[str, GemmConfig]:
+    """Named candidates for a sweep (``scripts/gemm_candidates.py``, ``conv_candidates.py``):
+    each tile of ``tiles`` unsplit (``"64x64 s1"``) and with each count of ``counts`` in each
+    of ``modes`` where the tile can meet so (``"64x64 s4 c"``: the mode's initial)."""
+    return {f"{bm}x{bn} s{s}" + ("" if s == 1 else f" {mode[0]}"):
+            GemmConfig(block_m=bm, block_n=bn, split_k=s, split_mode=mode)
+            for bm, bn in tiles for s in counts for mode in modes
+            if (s == 1 and mode == modes[0]) or (s > 1 and GemmConfig(
+                block_m=bm, block_n=bn).can_split(s, mode))}
 
 
 def best_of(timings: dict[GemmConfig, float]) -> GemmConfig:
