@@ -2,7 +2,7 @@
 is chosen from).
 
 Usage (GPU): python scripts/sm90_candidates.py [--head-dims 64,128,192,256]
-[--masks plain,causal] [--seqlen 4096] [--tokens 16384] [--out DIR]
+[--masks plain,causal] [--seqlen 4096] [--tokens 16384] [--variants NAME,...] [--out DIR]
 For each head dim, plain and causal, bf16, batch 4 x 16 heads x seq 4k, it times the
 wgmma kernel's default and each variant of it (``VARIANTS``; earlier sweeps' tiles are in
 their results' ``configs``) next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device
@@ -55,11 +55,17 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
 VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
+#: A share of the exponentials on the FMA pipe (twenty-eighth session), at every head dim.
+for _variants in VARIANTS.values():
+    _variants.update({f"exp2_emulation_{n}": {"exp2_emulation": n} for n in (1, 2, 3, 4)})
 
 
-def candidates(head_dim: int, causal: bool, seqlen: int) -> dict[str, FlashConfig]:
+def candidates(head_dim: int, causal: bool, seqlen: int,
+               names: set[str] | None = None) -> dict[str, FlashConfig]:
+    """The variants of the point's default (``names``: only those, the default always)."""
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen)
-    return {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()}
+    return {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
+            if names is None or name == "default" or name in names}
 
 
 def main() -> None:
@@ -73,7 +79,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None,
                         help="the Hopper table's shapes: TOKENS // seqlen sequences of hidden "
                              "2048 (heads = 2048 // head_dim); default batch 4 x 16 heads")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated VARIANTS names to time beside the default "
+                             "(default: all of the head dim's)")
     args = parser.parse_args()
+    names = None if args.variants is None else set(args.variants.split(","))
+    unknown = (names or set()) - {name for per_dim in VARIANTS.values() for name in per_dim}
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}")
     head_dims = [int(h) for h in args.head_dims.split(",")]
     masks = [{"plain": False, "causal": True}[m] for m in args.masks.split(",")]
 
@@ -86,13 +99,13 @@ def main() -> None:
     points = [point(hd, causal) for hd in head_dims for causal in masks]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p in points
-                       for cfg in candidates(p.head_dim, p.causal, p.seqlen_q).values()],
+                       for cfg in candidates(p.head_dim, p.causal, p.seqlen_q, names).values()],
                       jobs=16)
     peers = {name: fn for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
     rows = []
     for point in points:
-        configs = candidates(point.head_dim, point.causal, point.seqlen_q)
+        configs = candidates(point.head_dim, point.causal, point.seqlen_q, names)
         impls = {**peers, **{name: attnlab_impl(cfg) for name, cfg in configs.items()}}
         results = measure_point(point, impls, runs=args.runs)
         row = {"point": point.label(), "configs": {n: c.short_name() for n, c in configs.items()}}
