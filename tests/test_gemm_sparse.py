@@ -343,8 +343,9 @@ def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
 
 def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     """``attnlab ladder --family sparse``: s02 (``mma.sp``) against s01 (the same tile dense),
-    s04 (``wgmma.sp``) against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a;
-    the CLI asks for a GPU once its options parse."""
+    s04 (``wgmma.sp``, its words from global memory) and s05 (its words by a TMA ring)
+    against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a; the CLI asks for a
+    GPU once its options parse."""
     from typer.testing import CliRunner
 
     from attnlab.cli import app
@@ -353,7 +354,9 @@ def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     assert list(SPARSE_STEPS) == sorted(SPARSE_STEPS)
     for name, base in SPARSE_BASES.items():
         assert base < name and SPARSE_STEPS[base][1] is False
-    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04"]
+    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04", "s05"]
+    assert SPARSE_STEPS["s04"][0].sparse_meta == "global"
+    assert SPARSE_STEPS["s05"][0] == SPARSE_WGMMA_CONFIG
     assert set(sparse_steps_for("sm_80")) == {"s01", "s02"}
     assert set(sparse_steps_for("sm_90a")) == set(SPARSE_STEPS)
     assert all(callable(sparse_step(name)) for name in SPARSE_STEPS)
