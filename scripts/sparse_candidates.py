@@ -1,6 +1,7 @@
 """2:4 sparse ``wgmma`` tiles against the dense attnlab HGEMM and cuBLAS on one pruned A, in one
-run: which tile ``SPARSE_WGMMA_CONFIG`` should be (``python3 scripts/sparse_candidates.py
---out DIR``)."""
+run: which tile ``SPARSE_WGMMA_CONFIG`` should be, and how its metadata words should come
+(``sparse_meta``: by TMA, the default, or by each thread's global loads, the ``meta-global``
+entries) (``python3 scripts/sparse_candidates.py --out DIR``)."""
 
 import argparse
 import json
@@ -17,6 +18,9 @@ TILES = {"128x256x64": GemmConfig(), "128x256x128": GemmConfig(block_k=128),
          "128x192x128": GemmConfig(block_n=192, block_k=128),
          "192x128x128": GemmConfig(block_m=192, block_n=128, block_k=128),
          "128x128x128": GemmConfig(block_n=128, block_k=128)}
+# The contenders again with the metadata words from global memory (the build before the ring).
+TILES |= {f"{name} meta-global": TILES[name].replace(sparse_meta="global")
+          for name in ("128x256x128", "128x256x64", "192x128x128")}
 
 
 def main() -> None:

@@ -232,21 +232,26 @@ def test_ladder_kernel_refuses_partial_tiles():
         ladder_matmul(a, b, GEMM_STEPS["g05"][0])
 
 
-@pytest.mark.parametrize("kernel", ["wgmma_n", "wgmma_k", "wgmma_k64", "mma_sync"])
+@pytest.mark.parametrize("kernel", ["wgmma_n", "wgmma_k", "wgmma_k64", "wgmma_192",
+                                    "wgmma_global", "wgmma_k64_global", "mma_sync"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("shape", [(128, 128, 64), (256, 384, 512), (333, 200, 136),
                                    (1, 128, 40), (2048, 2048, 2048), (700, 520, 1016)])
 def test_sparse_24_matches_the_dense_product_of_its_kept_values(shape, dtype, kernel):
     """``sparse_matmul``: the sm_90 ``wgmma.mma_async.sp`` kernel (B N-major or K-major, the
-    default 128-deep K step or a 64-deep one; TMA tails) and the ``mma.sp`` one (padded tiles)
-    on whole tiles, partial ones (M, N, K off the tile, one row, K not a multiple of 16) and
-    groups with fewer than two non-zeros (a third of A's small values zeroed before pruning),
-    against the fp64 product of the decompressed A."""
+    default 128-deep K step or a 64-deep one, a 192-row tile; TMA tails; the metadata words
+    by TMA, the default, or by each thread's global loads, ``sparse_meta="global"``) and the
+    ``mma.sp`` one (padded tiles) on whole tiles, partial ones (M, N, K off the tile, one
+    row, K not a multiple of 16) and groups with fewer than two non-zeros (a third of A's
+    small values zeroed before pruning), against the fp64 product of the decompressed A."""
     from attnlab.gemm import GemmConfig, compress_2_4, prune_2_4, sparse_matmul
     from attnlab.gemm.sparse import SPARSE_CONFIG, decompress
 
     m, n, k = shape
-    config = {"mma_sync": SPARSE_CONFIG, "wgmma_k64": GemmConfig(block_k=64)}.get(kernel)
+    config = {"mma_sync": SPARSE_CONFIG, "wgmma_k64": GemmConfig(block_k=64),
+              "wgmma_192": GemmConfig(block_m=192, block_n=128, block_k=128),
+              "wgmma_global": GemmConfig(block_k=128, sparse_meta="global"),
+              "wgmma_k64_global": GemmConfig(block_k=64, sparse_meta="global")}.get(kernel)
     a, b = operands(m, n, k, dtype, b_major="n" if kernel == "wgmma_n" else "k",
                     seed=m + n + k)
     a = torch.where(a.abs() < 0.4, 0, a)

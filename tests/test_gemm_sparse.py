@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import ConfigError
+from attnlab.config import SMEM_CAPACITY, ConfigError
 from attnlab.gemm import GemmConfig, Sparse24, compress_2_4, prune_2_4, sparse_matmul
 from attnlab.gemm.sparse import (
     PAD_META,
@@ -20,8 +20,8 @@ from attnlab.gemm.sparse import (
     decompress,
     wgmma_words,
 )
-from attnlab.gemm_config import MmaGemmConfig
-from attnlab.kernels.gemm.abi import GemmSpec
+from attnlab.gemm_config import BARRIER_BYTES, BLOCK_MS, MmaGemmConfig
+from attnlab.kernels.gemm.abi import WORDS_ROWS, GemmSpec
 
 
 @settings(max_examples=25, deadline=None)
@@ -112,10 +112,51 @@ def test_the_sparse_spec_on_the_wgmma_kernel_takes_k_major_16_bit_a_at_64_or_128
                                    (GemmConfig(), "float16", "m"), (GemmConfig(), "int8", "k")):
         with pytest.raises(ConfigError, match="2:4 sparse A"):
             GemmSpec(config, "sm_90a", dtype, dtype, a_major, "n", sparse=True)
-    dense_tile = GemmConfig()
+    dense_tile = GemmConfig(sparse_meta="global")
     assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 4
     assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16") == 3
     assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 2
+
+
+@pytest.mark.parametrize("tile", [(128, 256, 128), (128, 256, 64), (192, 128, 128),
+                                  (128, 192, 128), (128, 128, 128), (64, 256, 128)])
+def test_the_metadata_ring_fits_beside_the_stages(tile):
+    """``sparse_meta="tma"`` (the default) adds a ring of words with one slot fewer than the
+    A/B stages, each slot a K group's words of the tile's rows (16 bytes a row); the stages,
+    slots, C's tile and the barriers fit in shared memory, and the default tile keeps its two
+    stages (two slots would not fit: 2 x 82 KiB + 64 KiB of C is over 227 KiB). Without 2:4
+    sparse A or with ``"global"`` there is no such ring."""
+    bm, bn, bk = tile
+    cfg = GemmConfig(block_m=bm, block_n=bn, block_k=bk)
+    stages = cfg.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True)
+    slots = cfg.meta_slots(stages, sparse=True)
+    assert slots == stages - 1 and cfg.meta_bytes() == bm * 16
+    used = (stages * cfg.stage_bytes("bfloat16", sparse=True) + slots * cfg.meta_bytes()
+            + cfg.epilogue_bytes("bfloat16") + BARRIER_BYTES)
+    assert used <= SMEM_CAPACITY["sm_90a"]
+    assert used + cfg.stage_bytes("bfloat16", sparse=True) + cfg.meta_bytes() > (
+        SMEM_CAPACITY["sm_90a"]) or stages == 8
+    assert cfg.meta_slots(stages, sparse=False) == 0
+    assert cfg.replace(sparse_meta="global").meta_slots(stages, sparse=True) == 0
+    if tile == (128, 256, 128):
+        assert stages == 2 and slots == 1
+        with pytest.raises(ConfigError, match=r"metadata words' ring.*fit 2 ring stages"):
+            cfg.replace(stages=3).ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True)
+
+
+def test_sparse_meta_is_a_checked_knob_of_the_sparse_kernel_only():
+    """The knob takes ``"tma"`` or ``"global"``; the label names the non-default one; a dense
+    spec refuses ``"global"`` (the same binary under another name)."""
+    with pytest.raises(ConfigError, match="sparse_meta must be one of"):
+        GemmConfig(sparse_meta="ldg")
+    assert GemmConfig().sparse_meta == "tma" and "meta" not in GemmConfig().label()
+    old = GemmConfig(block_k=128, sparse_meta="global")
+    assert old.label().endswith(" meta-global")
+    GemmSpec(old, "sm_90a", "bfloat16", "bfloat16", "k", "k", sparse=True)
+    with pytest.raises(ConfigError, match="sparse_meta is the 2:4 sparse kernel's knob"):
+        GemmSpec(old, "sm_90a", "bfloat16", "bfloat16", "k", "k")
+    assert GemmSpec.from_dict(GemmSpec(old, "sm_90a", "bfloat16", "bfloat16", "k", "k",
+                                       sparse=True).to_dict()).config == old
 
 
 def test_a_gemm_config_is_the_sm90_kernels():
@@ -125,13 +166,16 @@ def test_a_gemm_config_is_the_sm90_kernels():
         sparse_matmul(s, b, config=GemmConfig())
 
 
-@pytest.mark.parametrize("block_k", [64, 128])
-@pytest.mark.parametrize("b_major", ["n", "k"])
-def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path):
+@pytest.mark.parametrize(("b_major", "block_k", "sparse_meta"),
+                         [("n", 64, "tma"), ("k", 64, "tma"), ("n", 128, "tma"),
+                          ("k", 128, "tma"), ("k", 128, "global"), ("n", 64, "global")])
+def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, sparse_meta, tmp_path):
     """Per K tile a consumer warpgroup issues one ``HGMMA.SP.64x256x32`` per 32-deep step (the
     first tile's and the loop's: 2 x block_k / 32 in the binary) and no dense GMMA, B
     transposed (``tnspB``) when it is N-major; a K tile's metadata words are one vector load
-    (``wgmma_words``: 16 bytes at a 128-deep step); one wait a K tile (one stage in flight:
+    (``wgmma_words``: 16 bytes at a 128-deep step, 8 at a 64-deep one), from the words' ring
+    in shared memory (``sparse_meta="tma"``: no global load at all, the producer's TMA
+    copies one more a K tile) or from global memory; one wait a K tile (one stage in flight:
     the metadata registers), none after each MMA; no instruction writes the metadata
     register of an MMA in flight (``retire_words``; the checker finds nine such writes in the
     build that replaced the words by plain moves, which failed on the GPU past the first K
@@ -140,8 +184,9 @@ def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path
     from attnlab.analysis.sass import disassemble, histogram, parse, sparse_metadata_hazards
     from attnlab.jit import compile_spec, dumped_binary
 
-    compile_spec(GemmSpec(SPARSE_WGMMA_CONFIG.replace(block_k=block_k), "sm_90a", "bfloat16",
-                          "bfloat16", "k", b_major, sparse=True), tmp_path)
+    config = SPARSE_WGMMA_CONFIG.replace(block_k=block_k, sparse_meta=sparse_meta)
+    compile_spec(GemmSpec(config, "sm_90a", "bfloat16", "bfloat16", "k", b_major, sparse=True),
+                 tmp_path)
     cubin = dumped_binary(tmp_path)[0]
     sass = disassemble(cubin)
     ops = histogram(parse(sass))
@@ -150,8 +195,17 @@ def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, tmp_path
     assert len(lines) == 2 * steps, lines
     assert all("HGMMA.SP.64x256x32.F32.BF16" in line for line in lines), lines
     assert all(("tnspB" in line) == (b_major == "n") for line in lines), lines
-    assert ops["LDG"] == 2, ops["LDG"]  # one vector load of a K tile's words, 2 call sites
-    assert all(f"LDG.E.{32 * steps} " in line for line in sass.splitlines() if " LDG" in line)
+    # One vector load of a K tile's words at each of 2 call sites (a tile's first K tile,
+    # the loop's).
+    words, other = ("LDS", "LDG") if sparse_meta == "tma" else ("LDG", "LDS")
+    assert ops[words] == 2 and ops[other] == 0, (ops[words], ops[other])
+    width = f"LDS.{32 * steps} " if sparse_meta == "tma" else f"LDG.E.{32 * steps} "
+    assert all(width in line for line in sass.splitlines() if f" {words}" in line)
+    # The producer's copies a K tile: A's box, B's (one per 64 elements of its unit-stride
+    # mode: the 128-byte swizzle's width), and with the ring the words' box.
+    copies = 1 + (config.block_n if b_major == "n" else block_k) // 64
+    copies += sparse_meta == "tma"
+    assert ops["UTMALDG"] == copies, ops["UTMALDG"]
     assert sass.count("WARPGROUP.DEPBAR") == 2, sass.count("WARPGROUP.DEPBAR")
     assert not sparse_metadata_hazards(sass)
     assert not read_resources(cubin, sass).spills
@@ -258,15 +312,22 @@ def test_the_hazard_walk_follows_the_loop_back_edge():
     assert not sparse_metadata_hazards(sass(safe))
 
 
-@pytest.mark.parametrize("shape", [(37, 300), (16, 128), (130, 1000)])
+@pytest.mark.parametrize("shape", [(37, 300), (16, 128), (130, 1000), (400, 64)])
 def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
     """Word ``[b, g, 2 r + h, t]`` holds metadata column ``8 g + 2 t + h`` of rows ``16 b + r``
-    (low half) and ``16 b + r + 8`` (high half), ``PAD_META`` past M and K; made once."""
+    (low half) and ``16 b + r + 8`` (high half), ``PAD_META`` past M and K, M padded to a
+    multiple of ``WORDS_ROWS`` (384: every tile height divides it); made once."""
     gen = torch.Generator().manual_seed(sum(shape))
     s = compress_2_4(prune_2_4(torch.randn(*shape, generator=gen).half()))
     words = wgmma_words(s)
     rows, cols = s.meta.shape
-    assert words.shape == (-(-rows // 16), -(-cols // 8), 16, 4) and words.is_contiguous()
+    blocks = -(-rows // WORDS_ROWS) * WORDS_ROWS // 16
+    assert words.shape == (blocks, -(-cols // 8), 16, 4) and words.is_contiguous()
+    # Every tile's TMA box of words lies inside, and what lies past M is the padding
+    # selector, not the TMA unit's zero fill (0b0000 is no selector: PTX leaves it undefined).
+    assert all(blocks % (block_m // 16) == 0 for block_m in BLOCK_MS)
+    past = words[-(-rows // 16):]
+    assert bool((past == (PAD_META | PAD_META << 16)).all()) and blocks * 16 - rows >= 0
 
     def field(row, col):
         return int(s.meta[row, col]) & 0xFFFF if row < rows and col < cols else PAD_META
@@ -282,8 +343,9 @@ def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
 
 def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     """``attnlab ladder --family sparse``: s02 (``mma.sp``) against s01 (the same tile dense),
-    s04 (``wgmma.sp``) against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a;
-    the CLI asks for a GPU once its options parse."""
+    s04 (``wgmma.sp``, its words from global memory) and s05 (its words by a TMA ring)
+    against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a; the CLI asks for a
+    GPU once its options parse."""
     from typer.testing import CliRunner
 
     from attnlab.cli import app
@@ -292,7 +354,9 @@ def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     assert list(SPARSE_STEPS) == sorted(SPARSE_STEPS)
     for name, base in SPARSE_BASES.items():
         assert base < name and SPARSE_STEPS[base][1] is False
-    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04"]
+    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04", "s05"]
+    assert SPARSE_STEPS["s04"][0].sparse_meta == "global"
+    assert SPARSE_STEPS["s05"][0] == SPARSE_WGMMA_CONFIG
     assert set(sparse_steps_for("sm_80")) == {"s01", "s02"}
     assert set(sparse_steps_for("sm_90a")) == set(SPARSE_STEPS)
     assert all(callable(sparse_step(name)) for name in SPARSE_STEPS)

@@ -9,7 +9,8 @@ the CTA tile (``block_m`` x ``block_n``, the lab's 128 x 128 and 128 x 256), the
 the depth of the TMA ring (the lab's cp.async double buffering becomes a ``stages``-deep ring
 filled by a producer warp), the order of the output tiles (``raster_group``: L2 reuse), the
 persistent grid (the lab's Observation DD) and split-K (Observations EE and FF:
-``split_k``, ``split_mode``).
+``split_k``, ``split_mode``); with 2:4 sparse A, how its metadata reaches the MMAs
+(``sparse_meta``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from attnlab.config import SMEM_CAPACITY, WGMMA_M, ConfigError
 
 SplitMode = Literal["serial", "workspace", "atomic", "cluster"]
 SPLIT_MODES: tuple[str, ...] = ("serial", "workspace", "atomic", "cluster")
+SparseMeta = Literal["tma", "global"]
+SPARSE_METAS: tuple[str, ...] = ("tma", "global")
+#: Tile heights of the sm_90a kernel: 64 rows per consumer warpgroup.
+BLOCK_MS: tuple[int, ...] = (64, 128, 192)
+#: Bytes of 2:4 sparse A's metadata words per row of A and 128-deep K group: 16 rows' words
+#: are 16 thread places x 4 32-deep steps x 4 bytes (``attnlab.gemm.sparse.wgmma_words``).
+META_ROW_BYTES = 16
 #: Most K slices of one tile in a cluster (the portable cluster size).
 MAX_CLUSTER_SPLITS = 8
 #: fp32 words of padding per row of the cluster split's partial tile in shared memory: the
@@ -69,6 +77,12 @@ class GemmConfig:
             cluster, each stages its fp32 partials in its shared memory and sums one band
             of the tile's rows from every slice's through distributed shared memory, in
             split order: deterministic; at most ``MAX_CLUSTER_SPLITS`` slices).
+        sparse_meta: how 2:4 sparse A's metadata words reach the sparse ``wgmma`` (no part
+            in a dense kernel): ``"tma"`` (the producer copies each K tile's words of the
+            tile's rows into a shared-memory ring beside A's and B's, one slot fewer than
+            their stages; a consumer thread reads its words with one shared-memory load) or
+            ``"global"`` (each consumer thread loads its words from global memory, one K tile
+            ahead).
     """
 
     block_m: int = 128
@@ -79,9 +93,10 @@ class GemmConfig:
     persistent: bool = True
     split_k: int = 1
     split_mode: SplitMode = "workspace"
+    sparse_meta: SparseMeta = "tma"
 
     def __post_init__(self):
-        if self.block_m not in (64, 128, 192):
+        if self.block_m not in BLOCK_MS:
             raise ConfigError(f"block_m must be 64, 128 or 192 (64 rows per consumer "
                               f"warpgroup), got {self.block_m}")
         if self.block_n % 16 or not 16 <= self.block_n <= 256:
@@ -100,6 +115,9 @@ class GemmConfig:
                               f"{self.split_mode!r}")
         if self.split_mode == "cluster" and self.split_k > 1:
             self.check_cluster_splits(self.split_k)
+        if self.sparse_meta not in SPARSE_METAS:
+            raise ConfigError(f"sparse_meta must be one of {SPARSE_METAS}, got "
+                              f"{self.sparse_meta!r}")
         if self.accumulator_registers + CONSUMER_OVERHEAD_REGS > self.consumer_registers:
             raise ConfigError(
                 f"a {self.block_m} x {self.block_n} tile needs {self.accumulator_registers} "
@@ -159,6 +177,24 @@ class GemmConfig:
         a_rows = self.block_m // 2 if sparse else self.block_m
         return (a_rows + self.block_n) * self.block_k * element_bytes(in_dtype)
 
+    def meta_bytes(self) -> int:
+        """Bytes of one slot of 2:4 sparse A's metadata ring (``sparse_meta="tma"``): the
+        words of the tile's rows for one 128-deep K group (a 64-deep stage takes its group's
+        words whole and reads half of them)."""
+        return self.block_m * META_ROW_BYTES
+
+    def words_by_tma(self, sparse: bool) -> bool:
+        """Whether the kernel for A 2:4 ``sparse`` or not has the metadata ring."""
+        return sparse and self.sparse_meta == "tma"
+
+    def meta_slots(self, stages: int, sparse: bool) -> int:
+        """Slots of the metadata ring beside a ``stages``-deep A/B ring (0: no such ring).
+        A consumer frees a slot once its threads have read their words, before it releases
+        the previous stage of A and B, so one slot fewer than the stages never holds the
+        producer back; and 128 x 256 x 128 keeps its two stages (two words slots do not fit
+        beside them and C's tile)."""
+        return stages - 1 if self.words_by_tma(sparse) else 0
+
     def epilogue_bytes(self, out_dtype: str) -> int:
         """Bytes of the C tile staged for its TMA store."""
         return self.block_m * self.block_n * element_bytes(out_dtype)
@@ -166,8 +202,9 @@ class GemmConfig:
     def ring_stages(self, arch: str, out_dtype: str, in_dtype: str = "bfloat16",
                     sparse: bool = False, cluster: bool = False) -> int:
         """The ring's depth on ``arch`` for ``in_dtype`` operands (A 2:4 sparse: its kept
-        halves) when the tile leaves as ``out_dtype`` (``cluster``: beside the cluster
-        split's partial tile): ``stages``, or as many as fit (at most ``MAX_STAGES``).
+        halves, and its metadata ring when ``sparse_meta`` is ``"tma"``) when the tile leaves
+        as ``out_dtype`` (``cluster``: beside the cluster split's partial tile): ``stages``,
+        or as many as fit (at most ``MAX_STAGES``).
 
         Raises:
             ConfigError: fewer than two stages fit.
@@ -175,14 +212,19 @@ class GemmConfig:
         room = SMEM_CAPACITY[arch] - BARRIER_BYTES - self.epilogue_bytes(out_dtype)
         if cluster:
             room -= self.partial_bytes()
-        fit = room // self.stage_bytes(in_dtype, sparse)
+        stage = self.stage_bytes(in_dtype, sparse)
+        # Each stage past the first brings a metadata slot (``meta_slots``).
+        meta = self.meta_bytes() if self.words_by_tma(sparse) else 0
+        fit = (room + meta) // (stage + meta)
         stages = self.stages or min(fit, MAX_STAGES)
         if stages < 2 or stages > fit:
             beside = f" and a {self.partial_bytes() // 1024} KiB partial tile" if cluster else ""
+            words = " (and the metadata words' ring)" if meta else ""
             raise ConfigError(
-                f"{self.block_m} x {self.block_n} x {self.block_k} tiles with a {out_dtype} "
-                f"epilogue{beside} fit {fit} ring stages in {SMEM_CAPACITY[arch] // 1024} KiB "
-                f"of shared memory; asked {self.stages or 'as many as fit'} (need at least 2)")
+                f"{self.block_m} x {self.block_n} x {self.block_k} tiles{words} with a "
+                f"{out_dtype} epilogue{beside} fit {fit} ring stages in "
+                f"{SMEM_CAPACITY[arch] // 1024} KiB of shared memory; asked "
+                f"{self.stages or 'as many as fit'} (need at least 2)")
         return stages
 
     def replace(self, **changes) -> GemmConfig:
@@ -236,8 +278,9 @@ class GemmConfig:
         split = "" if self.split_k == 1 else f" split{self.split_k or 'auto'}-{self.split_mode}"
         clustered = self.split_mode == "cluster" and self.split_k > 1
         grid = "persistent" if self.persistent and not clustered else "grid"
+        meta = "" if self.sparse_meta == "tma" else f" meta-{self.sparse_meta}"
         return (f"{self.block_m}x{self.block_n}x{self.block_k} s{stages} "
-                f"g{self.raster_group} {grid}{split}")
+                f"g{self.raster_group} {grid}{split}{meta}")
 
 
 MmaSwizzle = Literal["none", "xor", "pad8"]

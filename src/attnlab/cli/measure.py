@@ -322,7 +322,7 @@ def ladder(
                                "sm_90 mma.sync steps; sm90: the wgmma kernel's steps, with "
                                "cuDNN and FA4 as rows; gemm: the lab's HGEMM steps (g01-g09) "
                                "against cuBLAS at --shapes; sparse: the 2:4 sparse "
-                               "kernels (s01-s04) beside the dense ones they are built on, "
+                               "kernels (s01-s05) beside the dense ones they are built on, "
                                "at --shapes; conv: the lab's convolution "
                                "steps (c01-c05) against cuDNN at SD-UNet shapes."),
     shapes: str = typer.Option("4096x4096x4096,2048x2048x2048", help="With --family gemm "

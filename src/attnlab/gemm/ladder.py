@@ -86,10 +86,12 @@ SPARSE_STEPS: dict[str, tuple[MmaGemmConfig | GemmConfig, bool, str]] = {
     "s01": (SPARSE_CONFIG, False, "mma.sync HGEMM, the sparse kernel's tile (128 x 256 x 64)"),
     "s02": (SPARSE_CONFIG, True, "mma.sp: A's kept halves, half the MMAs, per-row metadata"),
     "s03": (GemmConfig(split_k=1), False, "sm_90a dense: wgmma + TMA, warp-specialised"),
-    "s04": (SPARSE_WGMMA_CONFIG, True, "wgmma.mma_async.sp, metadata words in load order"),
+    "s04": (SPARSE_WGMMA_CONFIG.replace(sparse_meta="global"), True,
+            "wgmma.mma_async.sp, metadata words in load order"),
+    "s05": (SPARSE_WGMMA_CONFIG, True, "wgmma.mma_async.sp, metadata words by a TMA ring"),
 }
 #: The step each sparse step is measured against (its delta).
-SPARSE_BASES = {"s02": "s01", "s03": "s01", "s04": "s03"}
+SPARSE_BASES = {"s02": "s01", "s03": "s01", "s04": "s03", "s05": "s03"}
 
 
 def sparse_step(name: str) -> Callable:

@@ -40,6 +40,7 @@ from attnlab.kernels.gemm.abi import (
     PAD_META,
     SPARSE_BLOCK_K,
     WORDS_K,
+    WORDS_ROWS,
     GemmSpec,
 )
 from attnlab.runtime import remember
@@ -53,7 +54,9 @@ SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, wa
 #: (two ring stages beside C's tile), the best or within 3 % of it at each of the bench's large
 #: shapes on an H200 (``scripts/sparse_candidates.py``, three runs: 1.24-1.30x the dense
 #: HGEMM device only; the 64-deep step 1.22-1.29x, 192 x 128 x 128 1.11-1.34x, 128 x 192 and
-#: 128 x 128 below; ``docs/gemm.md``).
+#: 128 x 128 below; ``docs/gemm.md``). Its metadata words come by TMA through a ring of one
+#: slot beside the two stages (``sparse_meta="tma"``, the config's default; the per-thread
+#: global loads those numbers were measured with: ``sparse_meta="global"``).
 SPARSE_WGMMA_CONFIG = GemmConfig(block_k=128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -131,16 +134,19 @@ def compress_2_4(a: torch.Tensor) -> Sparse24:
 
 
 def wgmma_words(s: Sparse24) -> torch.Tensor:
-    """``s.meta`` as the sm_90 kernel's threads read it: int32 ``[ceil(M / 16), ceil(K / 128),
-    16, 4]``, element ``[b, g, 2 r + h, t]`` the word thread pair ``(r, h)`` hands the sparse
+    """``s.meta`` as the sm_90 kernel's threads read it: int32 ``[M' / 16, ceil(K / 128), 16,
+    4]``, element ``[b, g, 2 r + h, t]`` the word thread pair ``(r, h)`` hands the sparse
     ``wgmma`` for 32-deep step ``t`` of K group ``g`` in row block ``b``: metadata column
-    ``8 g + 2 t + h`` of rows ``16 b + r`` (low half) and ``16 b + r + 8`` (high half), padding
-    past M and K. One 16-byte load a thread per 128 columns, where reading ``meta`` in place
-    takes eight 2-byte loads across eight rows. Made once per ``Sparse24`` (``derived``)."""
+    ``8 g + 2 t + h`` of rows ``16 b + r`` (low half) and ``16 b + r + 8`` (high half),
+    ``PAD_META`` past M and K; M' is M rounded up to ``WORDS_ROWS``, so that every tile's
+    TMA box of words (``GemmConfig.sparse_meta="tma"``) lies inside the tensor. One 16-byte
+    load a thread per 128 columns, where reading ``meta`` in place takes eight 2-byte loads
+    across eight rows. Made once per ``Sparse24`` (``derived``)."""
     words = s.derived.get("wgmma")
     if words is None:
         rows, cols = s.meta.shape
-        blocks, groups = -(-rows // 16), -(-cols * META_COLUMNS // WORDS_K)
+        blocks = -(-rows // WORDS_ROWS) * WORDS_ROWS // 16
+        groups = -(-cols * META_COLUMNS // WORDS_K)
         per_group = WORDS_K // META_COLUMNS
         meta = F.pad(s.meta.to(torch.int32) & 0xFFFF,
                      (0, groups * per_group - cols, 0, blocks * 16 - rows), value=PAD_META)

@@ -10,11 +10,12 @@ TMA unit's rule). C is ``[M, N]`` row-major, or ``[splits, M, N]`` fp32 partial 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab.config import ConfigError
-from attnlab.gemm_config import GemmConfig, MmaGemmConfig
+from attnlab.gemm_config import BLOCK_MS, GemmConfig, MmaGemmConfig
 from attnlab.kernels.abi import FlatSpec, _element_type
 
 #: Operand dtypes of the GEMM kernel: the HGEMM's, and INT8 (IGEMM).
@@ -40,6 +41,11 @@ META_COLUMNS = 16
 WORDS_K = 128
 #: A 16-bit metadata word of padding: every group of four keeps positions 0 and 1 (zeros).
 PAD_META = 0x4444
+#: Rows of A the sm_90 kernel's metadata words are padded to a multiple of (with
+#: ``PAD_META``): every tile height divides it, so a tile's TMA box of words never reaches
+#: past the tensor, where the TMA unit's zero fill would hand the MMA the selector 0b0000,
+#: which PTX leaves undefined (ISA, "Sparse matrix storage" of ``wgmma.mma_async.sp``).
+WORDS_ROWS = math.lcm(*BLOCK_MS)
 
 
 def binary_config(config: GemmConfig | MmaGemmConfig) -> GemmConfig | MmaGemmConfig:
@@ -78,8 +84,10 @@ class GemmSpec(FlatSpec):
             the sm_90a kernel without split-K, with the serial split or in a cluster).
         sparse: A is 2:4 structured-sparse (``attnlab.gemm.sparse``): its kept halves
             ``[M, K / 2]`` (K-major) and their metadata; the sm_90a kernel with
-            ``wgmma.mma_async.sp`` (``block_k`` 64 or 128), or the ``mma.sync`` kernel with
-            ``mma.sp``, K step 64, tiles in shared memory by ``cp.async`` and ``ldmatrix``.
+            ``wgmma.mma_async.sp`` (``block_k`` 64 or 128; its metadata words by TMA or by
+            each thread's global loads, ``GemmConfig.sparse_meta``), or the ``mma.sync``
+            kernel with ``mma.sp``, K step 64, tiles in shared memory by ``cp.async`` and
+            ``ldmatrix``.
         online_int8: fp16/bf16 A and B quantized to int8 per K tile in shared memory (a scale
             per row of A and per column of B and K tile), multiplied by s8 MMAs, each tile's
             int32 sums scaled into an fp32 accumulator (``attnlab.gemm.online``); the same
@@ -115,6 +123,12 @@ class GemmSpec(FlatSpec):
         if self.sparse and self.online_int8:
             raise ConfigError("sparse and online_int8 are separate kernels; pick one")
         cfg = self.config
+        if (isinstance(cfg, GemmConfig) and not self.sparse
+                and cfg.sparse_meta != GemmConfig.sparse_meta):
+            # The same binary under another cache key and label.
+            raise ConfigError(f"sparse_meta is the 2:4 sparse kernel's knob; a dense GEMM "
+                              f"takes the default ({GemmConfig.sparse_meta!r}), got "
+                              f"{cfg.sparse_meta!r}")
         mma_sync_only = [(self.online_int8, "online INT8")]
         if isinstance(cfg, GemmConfig) and self.sparse:
             self._check_sparse_wgmma()
@@ -187,8 +201,9 @@ class GemmArgs(NamedTuple):
         meta: the 2:4 metadata of A (``sparse=True``, else None): for the ``mma.sync``
             kernel int16 ``[M, K / 16]``, per row four 4-bit groups a word, each the two kept
             positions of one group of four (``attnlab.gemm.sparse``); for the sm_90 kernel
-            int32 ``[M / 16, K / 128, 16, 4]``, the same fields as the words its threads hand
-            the MMA (``attnlab.gemm.sparse.wgmma_words``).
+            int32 ``[M' / 16, K / 128, 16, 4]``, the same fields as the words its threads
+            hand the MMA, M padded to M' (a multiple of ``WORDS_ROWS``, which the TMA copies
+            of ``sparse_meta="tma"`` need; ``attnlab.gemm.sparse.wgmma_words``).
         num_splits: K slices per output tile (1 without split-K).
         num_ctas: CTAs of the grid; each walks the tiles ``c, c + num_ctas, ...``.
     """

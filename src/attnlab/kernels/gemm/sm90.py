@@ -39,7 +39,11 @@ epilogue) are what this kernel is made of, in their Hopper form:
   thread pair of a quad (selector 0) hands it the metadata of its rows g and g + 8: words
   laid out on the host in the order threads read them (``attnlab.gemm.sparse.wgmma_words``),
   one vector load a K tile, issued while the previous stage's MMAs run (per-row 16-bit loads
-  were the kernel's limit: ``docs/gemm.md``).
+  were the kernel's limit: ``docs/gemm.md``). With ``GemmConfig.sparse_meta="tma"`` the
+  producer copies each K tile's words of the tile's rows into a ring of its own (one slot
+  fewer than A's and B's: a consumer frees its slot as soon as its threads hold their
+  words), and the vector load reads shared memory; with ``"global"`` it reads the words in
+  global memory.
 
 The host guarantees every slice at least one K tile (``attnlab.gemm.dispatch``); a K tail
 past the tensor is zero-filled by the TMA unit, so M, N and K need not be tile multiples.
@@ -69,6 +73,8 @@ from attnlab.kernels.sm90.wgmma import smem_descriptor, uniform_stage, wgmma_gem
 
 #: Threads of one warpgroup.
 WARPGROUP = 128
+#: Metadata words of one 16-row block and K group: 16 thread places x 4 32-deep steps.
+GROUP_WORDS = 16 * (WORDS_K // SPARSE_MMA_K)
 
 
 class HgemmSm90(GemmKernel):
@@ -86,6 +92,8 @@ class HgemmSm90(GemmKernel):
         self.a_tiler = (self.cfg.block_m, self.a_block_k)
         # s8 x s8 MMAs accumulate exactly in int32; 16-bit ones in fp32.
         self.acc_dtype = cutlass.Int32 if spec.dtype == "int8" else cutlass.Float32
+        # 2:4 sparse A's metadata ring (``GemmConfig.sparse_meta="tma"``; 0: none).
+        self.meta_slots = self.cfg.meta_slots(self.stages, spec.sparse)
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -128,6 +136,12 @@ class HgemmSm90(GemmKernel):
             "ring_bars": cute.struct.MemRange[cutlass.Int64, 2 * self.stages],
             # Serial split-K: each warpgroup's count at its tile's counter, for all its threads.
             "arrivals": cute.struct.MemRange[cutlass.Int32, self.num_consumers]}
+        meta = t.meta
+        if cutlass.const_expr(self.meta_slots > 0):
+            meta = self._words_operand(meta)
+            fields["sWords"] = cute.struct.Align[cute.struct.MemRange[
+                cutlass.Int32, cute.cosize(self._words_layout())], 128]
+            fields["words_bars"] = cute.struct.MemRange[cutlass.Int64, 2 * self.meta_slots]
         cluster = None
         if cutlass.const_expr(self.cluster):
             fields["sPartial"] = cute.struct.Align[cute.struct.MemRange[
@@ -137,7 +151,7 @@ class HgemmSm90(GemmKernel):
         m_tiles = cute.ceil_div(m_rows, bm)
         n_tiles = cute.ceil_div(mB.shape[0], bn)
         epilogue = (t.scale_a, t.scale_b, t.zero_b, t.bias)
-        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, t.meta, mma, mma_wg,
+        self.kernel(tma_a, tma_b, tma_c, t.workspace, t.counters, epilogue, meta, mma, mma_wg,
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
                     t.num_splits, c).launch(
             grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], cluster=cluster,
@@ -156,12 +170,61 @@ class HgemmSm90(GemmKernel):
         """One stage of a staged shared-memory layout (what one TMA copy fills)."""
         return cute.slice_(staged_layout, (None, None, 0))
 
+    def _words_tile(self) -> tuple[int, int]:
+        """One TMA copy of metadata words: the tile's row blocks x one K group's words."""
+        return self.cfg.block_m // 16, GROUP_WORDS
+
+    def _words_layout(self, by_place: bool = False) -> cute.Layout:
+        """The metadata ring in shared memory: ``(row block, word, slot)`` as the TMA unit
+        fills it, or ``(row block, thread place, step, slot)`` (``by_place``) as threads
+        read it; the words of a block's K group in ``wgmma_words``' order."""
+        blocks, words = self._words_tile()
+        slot = blocks * words
+        if by_place:
+            steps = WORDS_K // SPARSE_MMA_K
+            return cute.make_layout((blocks, words // steps, steps, self.meta_slots),
+                                    stride=(words, steps, 1, slot))
+        return cute.make_layout((blocks, words, self.meta_slots), stride=(words, 1, slot))
+
+    def _words_operand(self, meta: cute.Tensor) -> tuple:
+        """The TMA atom and coordinates of the metadata words (``GemmArgs.meta``, contiguous)
+        read as a row-major ``[row blocks, K groups x GROUP_WORDS]`` matrix, tiled by
+        ``_words_tile``: a tile's words of K group ``g`` are its box ``(m, g)``."""
+        rows = cute.make_tensor(meta.iterator, cute.make_layout(
+            (meta.shape[0], meta.shape[1] * GROUP_WORDS), stride=(meta.stride[0], 1)))
+        return tuple(cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), rows, self._stage(self._words_layout()),
+            self._words_tile()))
+
+    def _tma_ring(self, barriers, stages: int, tx_count: int):
+        """A ring of ``stages`` that the producer thread fills by TMA (``tx_count`` bytes a
+        stage) and each consumer warp releases."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers, num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     4 * self.num_consumers),
+            tx_count=tx_count, defer_sync=True)
+
+    def _words_state(self, state: pipeline.PipelineState, first_phase: int
+                     ) -> pipeline.PipelineState:
+        """The metadata ring's state at the K tile of the A/B ring's ``state``: both rings
+        advance once a K tile (so no second state is carried through the loops), the words'
+        over ``meta_slots`` slots; ``first_phase``: the side's phase at count 0 (producer 1,
+        consumer 0)."""
+        # Unsigned: a count is never negative, and its division needs no floor correction.
+        count = cutlass.Uint32(state.count)
+        laps = count // self.meta_slots
+        return pipeline.PipelineState(self.meta_slots, state.count,
+                                      cutlass.Int32(count - laps * self.meta_slots),
+                                      cutlass.Int32((laps + first_phase) % 2))
+
     # ----------------------------------------------------------------------------------------
     # Device side
     # ----------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_a: tuple, tma_b: tuple, tma_c: tuple, workspace: cute.Tensor | None,
-               counters: cute.Tensor | None, epilogue: tuple, meta: cute.Tensor | None,
+               counters: cute.Tensor | None, epilogue: tuple, meta: cute.Tensor | tuple | None,
                mma: cute.TiledMma,
                mma_wg: cute.TiledMma, sA_layout, sB_layout, sC_layout,
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
@@ -174,14 +237,19 @@ class HgemmSm90(GemmKernel):
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.ring_bars.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     4 * self.num_consumers),
-            tx_count=cute.size_in_bytes(self.dtype, self._stage(sA_layout))
-            + cute.size_in_bytes(self.dtype, self._stage(sB_layout)),
-            defer_sync=True)
+        ring = self._tma_ring(storage.ring_bars.data_ptr(), self.stages,
+                              cute.size_in_bytes(self.dtype, self._stage(sA_layout))
+                              + cute.size_in_bytes(self.dtype, self._stage(sB_layout)))
+        # 2:4 sparse A's metadata: the words tensor, or with their ring the producer's (TMA
+        # atom and coordinates, slots, ring) and the consumers' (slots by place, ring).
+        words_in, words_out = meta, meta
+        if cutlass.const_expr(self.meta_slots > 0):
+            words_ring = self._tma_ring(storage.words_bars.data_ptr(), self.meta_slots,
+                                        self.cfg.meta_bytes())
+            sWords = storage.sWords.get_tensor(self._words_layout())
+            words_in = (meta, sWords, words_ring)
+            words_out = (cute.make_tensor(sWords.iterator, self._words_layout(by_place=True)),
+                         words_ring)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -189,7 +257,7 @@ class HgemmSm90(GemmKernel):
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
-                self._produce(tma_a, tma_b, sA, sB, ring, walk)
+                self._produce(tma_a, tma_b, sA, sB, ring, walk, words_in)
             if cutlass.const_expr(self.cluster):
                 # Every thread of the cluster meets both of the meeting's barriers, rather
                 # than leaning on the cluster barrier's waiving of threads that have exited.
@@ -205,7 +273,7 @@ class HgemmSm90(GemmKernel):
                 partial = storage.sPartial.get_tensor(cute.make_layout(
                     (bm, bn), stride=(bn + PARTIAL_PAD, 1)))
             self._consume(tidx - WARPGROUP, mma, mma_wg, sA, sB, sC, tma_c, ring, walk,
-                          (workspace, counters, arrivals), epilogue, meta, (partial, c))
+                          (workspace, counters, arrivals), epilogue, words_out, (partial, c))
 
     def _items(self, walk: tuple):
         """This CTA's work items (``range`` arguments) and the K tiles of a slice. A cluster
@@ -227,19 +295,30 @@ class HgemmSm90(GemmKernel):
 
     @cute.jit
     def _produce(self, tma_a: tuple, tma_b: tuple, sA: cute.Tensor, sB: cute.Tensor, ring,
-                 walk: tuple):
-        """The producer warp: A's and B's K tiles of every item, in the consumers' order."""
+                 walk: tuple, words: cute.Tensor | tuple | None):
+        """The producer warp: A's and B's K tiles of every item, in the consumers' order, and
+        with the metadata ring (``words``: its TMA atom and coordinates, slots and ring) each
+        K tile's words, first (the consumers wait for them first)."""
         bm, bn, bk = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
         a_smem, a_gmem = self._tma_tiles(tma_a, sA, self.a_tiler)
         b_smem, b_gmem = self._tma_tiles(tma_b, sB, (bn, bk))
+        if cutlass.const_expr(self.meta_slots > 0):
+            tma_words, sWords, words_ring = words
+            words_smem, words_gmem = self._tma_tiles(tma_words, sWords, self._words_tile())
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for item in cutlass.range(first, items, stride, unroll=1):
             m, n, split = tile_coords(item, m_tiles, n_tiles, self.cfg.raster_group)
             k0, k1 = self._k_range(split, per_split, k_tiles)
             for k in cutlass.range(k0, k1, unroll=1):
                 ring.producer_acquire(state)
+                if cutlass.const_expr(self.meta_slots > 0):
+                    slot = self._words_state(state, first_phase=1)
+                    words_ring.producer_acquire(slot)
+                    cute.copy(tma_words[0], words_gmem[None, m, self._words_group(k)],
+                              words_smem[None, slot.index],
+                              tma_bar_ptr=words_ring.producer_get_barrier(slot))
                 barrier = ring.producer_get_barrier(state)
                 cute.copy(tma_a[0], a_gmem[None, m, k], a_smem[None, state.index],
                           tma_bar_ptr=barrier)
@@ -259,11 +338,13 @@ class HgemmSm90(GemmKernel):
     @cute.jit
     def _consume(self, ctidx, mma: cute.TiledMma, mma_wg: cute.TiledMma, sA: cute.Tensor,
                  sB: cute.Tensor, sC: cute.Tensor, tma_c: tuple, ring, walk: tuple,
-                 serial: tuple, epilogue: tuple, meta: cute.Tensor | None, cluster: tuple):
+                 serial: tuple, epilogue: tuple, meta: cute.Tensor | tuple | None,
+                 cluster: tuple):
         """A consumer warpgroup: its 64 rows of every item's tile, then their epilogue
         (``serial``: the workspace, the tile counters and the warpgroups' arrival slots;
         ``epilogue``: INT8's scales and zero points, and the bias; ``meta``: 2:4 sparse A's
-        metadata; ``cluster``: the cluster split's partial tile and C)."""
+        metadata words in global memory, or their ring's slots by place and the ring;
+        ``cluster``: the cluster split's partial tile and C)."""
         bm, bn, _ = self.tile
         m_tiles, n_tiles, k_tiles, _ = walk
         first, items, stride, per_split = self._items(walk)
@@ -303,7 +384,7 @@ class HgemmSm90(GemmKernel):
             operands = (tCrA, tCrB, sA, coords)
             words = None
             if cutlass.const_expr(sparse is not None):
-                words = self._metadata_words(sparse, m, k0)
+                words = self._metadata_words(sparse, m, k0, state)
             state = self._mma_stage(ring, state, mma, acc, operands, row_sums, words)
             for k in cutlass.range(k0 + 1, k1, unroll=1):
                 if cutlass.const_expr(sparse is not None):
@@ -312,7 +393,7 @@ class HgemmSm90(GemmKernel):
                     # words, loaded first (to land under the MMAs), replace a stage's only
                     # once its MMAs are waited for (``retire_words``); one stage in flight,
                     # as in CUTLASS's sparse mainloop.
-                    loaded = self._metadata_words(sparse, m, k)
+                    loaded = self._metadata_words(sparse, m, k, state)
                     warpgroup.wait_group(0)
                     retire_words(words, sparse[3], loaded)
                     ring.consumer_release(release)
@@ -371,22 +452,43 @@ class HgemmSm90(GemmKernel):
         return state
 
     @cute.jit
-    def _metadata_words(self, sparse: tuple, m, k) -> cute.Tensor:
-        """This thread's metadata words of K tile ``k`` of row block ``m``, one per 32-deep
-        step: one vector load from the words' layout (``attnlab.gemm.sparse.wgmma_words``,
-        ``[row blocks of 16, K groups of 128, 16, 4]``), padding past M."""
-        meta, block, place, _ = sparse
+    def _metadata_words(self, sparse: tuple, m, k, state) -> cute.Tensor:
+        """This thread's metadata words of K tile ``k`` (the A/B ring's ``state``) of row
+        block ``m``, one per 32-deep step, as one vector load: from the words' ring (its slot
+        waited for, and handed back once the warp holds its words) or from the words'
+        layout in global memory (``attnlab.gemm.sparse.wgmma_words``, ``[row blocks of 16,
+        K groups of 128, 16, 4]``, padding past M)."""
+        source, block, place, _ = sparse
         bm, _, bk = self.tile
         steps = bk // SPARSE_MMA_K
         words = cute.make_rmem_tensor((steps,), cutlass.Int32)
-        row_block = m * (bm // 16) + block
-        group = k * bk // WORDS_K
-        if row_block < meta.shape[0]:
-            cute.autovec_copy(cute.local_tile(meta[row_block, group, place, None], (steps,),
-                                              (k % (WORDS_K // bk),)), words)
+        if cutlass.const_expr(self.meta_slots > 0):
+            slots, words_ring = source
+            slot = self._words_state(state, first_phase=0)
+            words_ring.consumer_wait(slot)
+            cute.autovec_copy(self._step_words(slots[block, place, None, slot.index], k),
+                              words)
+            # Every lane's read before the slot goes back to the TMA unit (one lane arrives).
+            cute.arch.sync_warp()
+            words_ring.consumer_release(slot)
         else:
-            words.fill(PAD_META | PAD_META << 16)
+            row_block = m * (bm // 16) + block
+            if row_block < source.shape[0]:
+                cute.autovec_copy(self._step_words(
+                    source[row_block, self._words_group(k), place, None], k), words)
+            else:
+                words.fill(PAD_META | PAD_META << 16)
         return words
+
+    def _words_group(self, k):
+        """The K group of words that K tile ``k`` lies in."""
+        return k * self.cfg.block_k // WORDS_K
+
+    def _step_words(self, place_words: cute.Tensor, k) -> cute.Tensor:
+        """K tile ``k``'s words among a thread place's words of its K group: all of them at a
+        128-deep K step, half at a 64-deep one."""
+        bk = self.cfg.block_k
+        return cute.local_tile(place_words, (bk // SPARSE_MMA_K,), (k % (WORDS_K // bk),))
 
     @cute.jit
     def _sparse_wgmma(self, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
