@@ -55,9 +55,6 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
 VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
-#: A share of the exponentials on the FMA pipe (twenty-eighth session), at every head dim.
-for _variants in VARIANTS.values():
-    _variants.update({f"exp2_emulation_{n}": {"exp2_emulation": n} for n in (1, 2, 3, 4)})
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int,

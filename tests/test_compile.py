@@ -427,11 +427,6 @@ def test_overlap_and_pingpong_are_wgmma_knobs():
                                                   rescale_o_before_pv=True)
     with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
-    with pytest.raises(ConfigError, match="need wgmma"):
-        ladder.k07.replace(exp2_emulation=2)
-    for bad in (-1, 9, 2.0, True):
-        with pytest.raises(ConfigError, match="exp2_emulation counts exponentials of every 8"):
-            policy.default_for("sm_90a", 64).replace(exp2_emulation=bad)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
                                                      pingpong=True).short_name()
     assert "+intra_wg_overlap+pingpong" in name and name.endswith("+persistent")
@@ -459,28 +454,6 @@ def test_fence_p_issues_each_p_v_gemm_as_one_group(head_dim, block_n, windowed, 
     assert ops[True]["WARPGROUP"] == 2 * 2 * copies  # an ARRIVE and a DEPBAR per GEMM
     assert ops[False]["WARPGROUP"] > ops[True]["WARPGROUP"]
     assert ops[True]["PRMT"] < ops[False]["PRMT"]
-
-
-@pytest.mark.parametrize("windowed", [False, True], ids=["plain", "windowed"])
-def test_exp2_emulation_moves_exponentials_off_mufu(windowed, artifact_dir):
-    """``exp2_emulation=2``: in the loop body without a mask, 2 of every 8 of a thread's
-    exponentials (16 of its 64 at hd64's B_c 128) leave ``MUFU.EX2`` for the cubic (three
-    FFMAs each with the polynomial's coefficients, one clamp each); the masked bodies keep
-    ``MUFU.EX2``; no spill."""
-    base = policy.default_for("sm_90a", 64, windowed)
-    ops, texts = {}, {}
-    for emulated in (0, 2):
-        art = compile_config(base.replace(exp2_emulation=emulated), "sm_90a", head_dim=64,
-                             windowed=windowed, out_dir=artifact_dir)
-        texts[emulated] = disassemble(art.cubin)
-        ops[emulated] = histogram(parse(texts[emulated]))
-        assert not read_resources(art.cubin, texts[emulated]).spills
-    per_body = 2 * (base.block_n // 4) * 2 // 8  # rows x columns per thread x 2 / 8
-    assert ops[0]["MUFU"] - ops[2]["MUFU"] == per_body
-    assert ops[2]["FFMA"] - ops[0]["FFMA"] >= 3 * per_body
-    assert texts[2].count("0.99992811679840087891") == per_body
-    assert "0.99992811679840087891" not in texts[0]
-    assert ops[2]["HGMMA"] == ops[0]["HGMMA"]
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -621,24 +621,6 @@ def test_wgmma_rescale_o_before_pv(head_dim, window):
     check_varlen(window, torch.float16, config, head_dim)
 
 
-@pytest.mark.parametrize("head_dim,emulated", [(64, 2), (64, 8), (128, 3)])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
-def test_wgmma_exp2_emulation(head_dim, emulated, window):
-    """Exponentials on the FMA pipe (``exp2_emulation``, all of them with 8) in the blocks
-    without a mask: tails, GQA, masks (rows that see no key keep O = 0 and LSE = -inf), both
-    dtypes, packed sequences; large score ranges reach the clamp at -126."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma needs sm_90a")
-    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
-        exp2_emulation=emulated)
-    q, k, v = dense_inputs(2, 333, 1031, 8, 2, head_dim, torch.bfloat16, seed=head_dim + 6)
-    check_dense(q, k, v, window=window, config=config)
-    check_dense(q * 8, k * 8, v, window=window, config=config)
-    q, k, v = dense_inputs(1, 300, 700, 4, 4, head_dim, torch.float16, seed=head_dim + 7)
-    check_dense(q, k, v, window=window, config=config)
-    check_varlen(window, torch.float16, config, head_dim)
-
-
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

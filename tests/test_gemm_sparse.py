@@ -17,6 +17,7 @@ from attnlab.gemm.sparse import (
     PAD_META,
     SPARSE_CONFIG,
     SPARSE_WGMMA_CONFIG,
+    WIDE_SPARSE_TILE,
     decompress,
     wgmma_words,
 )
@@ -106,7 +107,7 @@ def test_the_sparse_spec_on_the_wgmma_kernel_takes_k_major_16_bit_a_at_64_or_128
     """A's kept halves reach ``wgmma.mma_async.sp`` K-major, a 32-deep step pair a stage; B
     either way. With half of A's bytes a stage the ring is one stage deeper."""
     for bk, b_major in ((64, "n"), (128, "k")):
-        GemmSpec(SPARSE_WGMMA_CONFIG.replace(block_k=bk), "sm_90a", "bfloat16", "bfloat16",
+        GemmSpec(WIDE_SPARSE_TILE.replace(block_k=bk), "sm_90a", "bfloat16", "bfloat16",
                  "k", b_major, sparse=True)
     for config, dtype, a_major in ((GemmConfig(block_k=32), "float16", "k"),
                                    (GemmConfig(), "float16", "m"), (GemmConfig(), "int8", "k")):
@@ -115,7 +116,8 @@ def test_the_sparse_spec_on_the_wgmma_kernel_takes_k_major_16_bit_a_at_64_or_128
     dense_tile = GemmConfig(sparse_meta="global")
     assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 4
     assert dense_tile.ring_stages("sm_90a", "bfloat16", "bfloat16") == 3
-    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 2
+    assert WIDE_SPARSE_TILE.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 2
+    assert SPARSE_WGMMA_CONFIG.ring_stages("sm_90a", "bfloat16", "bfloat16", sparse=True) == 3
 
 
 @pytest.mark.parametrize("tile", [(128, 256, 128), (128, 256, 64), (192, 128, 128),
@@ -184,7 +186,7 @@ def test_sparse_wgmma_kernel_is_hgmma_sp_on_half_of_a(b_major, block_k, sparse_m
     from attnlab.analysis.sass import disassemble, histogram, parse, sparse_metadata_hazards
     from attnlab.jit import compile_spec, dumped_binary
 
-    config = SPARSE_WGMMA_CONFIG.replace(block_k=block_k, sparse_meta=sparse_meta)
+    config = WIDE_SPARSE_TILE.replace(block_k=block_k, sparse_meta=sparse_meta)
     compile_spec(GemmSpec(config, "sm_90a", "bfloat16", "bfloat16", "k", b_major, sparse=True),
                  tmp_path)
     cubin = dumped_binary(tmp_path)[0]
@@ -343,9 +345,9 @@ def test_wgmma_words_are_each_thread_pairs_metadata_in_load_order(shape):
 
 def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     """``attnlab ladder --family sparse``: s02 (``mma.sp``) against s01 (the same tile dense),
-    s04 (``wgmma.sp``, its words from global memory) and s05 (its words by a TMA ring)
-    against s03 (the dense wgmma kernel); the wgmma steps only on sm_90a; the CLI asks for a
-    GPU once its options parse."""
+    s04 (``wgmma.sp``, its words from global memory), s05 (its words by a TMA ring) and s06
+    (the default tile) against s03 (the dense wgmma kernel); the wgmma steps only on
+    sm_90a; the CLI asks for a GPU once its options parse."""
     from typer.testing import CliRunner
 
     from attnlab.cli import app
@@ -354,9 +356,11 @@ def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     assert list(SPARSE_STEPS) == sorted(SPARSE_STEPS)
     for name, base in SPARSE_BASES.items():
         assert base < name and SPARSE_STEPS[base][1] is False
-    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04", "s05"]
-    assert SPARSE_STEPS["s04"][0].sparse_meta == "global"
-    assert SPARSE_STEPS["s05"][0] == SPARSE_WGMMA_CONFIG
+    assert [name for name, step in SPARSE_STEPS.items() if step[1]] == ["s02", "s04", "s05",
+                                                                        "s06"]
+    assert SPARSE_STEPS["s04"][0] == WIDE_SPARSE_TILE.replace(sparse_meta="global")
+    assert SPARSE_STEPS["s05"][0] == WIDE_SPARSE_TILE
+    assert SPARSE_STEPS["s06"][0] == SPARSE_WGMMA_CONFIG
     assert set(sparse_steps_for("sm_80")) == {"s01", "s02"}
     assert set(sparse_steps_for("sm_90a")) == set(SPARSE_STEPS)
     assert all(callable(sparse_step(name)) for name in SPARSE_STEPS)

@@ -165,11 +165,6 @@ class FlashConfig:
             masks leave unbalanced (``tile_order.snake_imbalance``). The producer warp
             takes the tile and passes it to the consumers beside Q; the last CTA to finish
             sets the counter back to zero (``attnlab.counters``).
-        exp2_emulation: (wgmma) of every 8 exponentials of a softmax row, how many are
-            evaluated by a cubic on the FMA pipe (``kernels/common/exp2_emulation.py``)
-            instead of ``MUFU.EX2``, in K/V blocks without a mask: FA4's split of the
-            exponentials between the two pipes, for tiles whose special-function unit is as
-            busy as their tensor cores (hd64). 0: all on ``MUFU.EX2``.
     """
 
     block_m: int = 64
@@ -202,7 +197,6 @@ class FlashConfig:
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
-    exp2_emulation: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -276,17 +270,13 @@ class FlashConfig:
                 "tma_kv_loads needs eager_kv_loads (a TMA copy is asynchronous) and the xor "
                 "swizzle (the TMA unit writes the swizzled tile itself)"
             )
-        if (not isinstance(self.exp2_emulation, int) or isinstance(self.exp2_emulation, bool)
-                or not 0 <= self.exp2_emulation <= 8):
-            raise ConfigError(f"exp2_emulation counts exponentials of every 8 (0 to 8), got "
-                              f"{self.exp2_emulation!r}")
         if self.wgmma:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
-              or self.rescale_o_before_pv or self.dynamic_tiles or self.exp2_emulation):
-            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
-                              "dynamic_tiles and exp2_emulation schedule the warpgroup-MMA "
-                              "kernel: they need wgmma")
+              or self.rescale_o_before_pv or self.dynamic_tiles):
+            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv and "
+                              "dynamic_tiles schedule the warpgroup-MMA kernel: they need "
+                              "wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -351,8 +341,6 @@ class FlashConfig:
                                         "rescale_o_before_pv", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
-            if self.exp2_emulation:
-                flags.append(f"exp2_emulation_{self.exp2_emulation}")
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:

@@ -17,7 +17,12 @@ from collections.abc import Callable
 import torch
 
 from attnlab import device, kernel_cache
-from attnlab.gemm.sparse import SPARSE_CONFIG, SPARSE_WGMMA_CONFIG, sparse_matmul
+from attnlab.gemm.sparse import (
+    SPARSE_CONFIG,
+    SPARSE_WGMMA_CONFIG,
+    WIDE_SPARSE_TILE,
+    sparse_matmul,
+)
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.gemm.abi import GemmSpec
 
@@ -86,12 +91,14 @@ SPARSE_STEPS: dict[str, tuple[MmaGemmConfig | GemmConfig, bool, str]] = {
     "s01": (SPARSE_CONFIG, False, "mma.sync HGEMM, the sparse kernel's tile (128 x 256 x 64)"),
     "s02": (SPARSE_CONFIG, True, "mma.sp: A's kept halves, half the MMAs, per-row metadata"),
     "s03": (GemmConfig(split_k=1), False, "sm_90a dense: wgmma + TMA, warp-specialised"),
-    "s04": (SPARSE_WGMMA_CONFIG.replace(sparse_meta="global"), True,
-            "wgmma.mma_async.sp, metadata words in load order"),
-    "s05": (SPARSE_WGMMA_CONFIG, True, "wgmma.mma_async.sp, metadata words by a TMA ring"),
+    "s04": (WIDE_SPARSE_TILE.replace(sparse_meta="global"), True,
+            "wgmma.mma_async.sp (128 x 256 x 128), metadata words in load order"),
+    "s05": (WIDE_SPARSE_TILE, True, "the same tile, metadata words by a TMA ring"),
+    "s06": (SPARSE_WGMMA_CONFIG, True,
+            "192 x 128 x 128: three ring stages, two slots of words by TMA"),
 }
 #: The step each sparse step is measured against (its delta).
-SPARSE_BASES = {"s02": "s01", "s03": "s01", "s04": "s03", "s05": "s03"}
+SPARSE_BASES = {"s02": "s01", "s03": "s01", "s04": "s03", "s05": "s03", "s06": "s03"}
 
 
 def sparse_step(name: str) -> Callable:

@@ -50,14 +50,19 @@ from attnlab.runtime import remember
 #: registers, where the metadata words push the build into 4 spill stores (cross-compiled).
 SPARSE_CONFIG = MmaGemmConfig(block_n=256, block_k=SPARSE_BLOCK_K, warps_m=2, warps_n=4,
                               swizzle="xor")
-#: The sm_90 kernel's tile for 2:4 sparse A: the dense HGEMM's 128 x 256 at a 128-deep K step
-#: (two ring stages beside C's tile), the best or within 3 % of it at each of the bench's large
-#: shapes on an H200 (``scripts/sparse_candidates.py``, three runs: 1.24-1.30x the dense
-#: HGEMM device only; the 64-deep step 1.22-1.29x, 192 x 128 x 128 1.11-1.34x, 128 x 192 and
-#: 128 x 128 below; ``docs/gemm.md``). Its metadata words come by TMA through a ring of one
-#: slot beside the two stages (``sparse_meta="tma"``, the config's default; the per-thread
-#: global loads those numbers were measured with: ``sparse_meta="global"``).
-SPARSE_WGMMA_CONFIG = GemmConfig(block_k=128)
+#: The dense HGEMM's 128 x 256 tile at a 128-deep K step for 2:4 sparse A (two ring stages
+#: beside C's tile): the sm_90 default while the metadata words came from global memory
+#: (``sparse_meta="global"``; on an H200 the best or within 3 % of it at each of the bench's
+#: large shapes, 1.24-1.30x the dense HGEMM device only, ``docs/gemm.md``). With the words by
+#: TMA it keeps two stages and one word slot, at the shared-memory limit.
+WIDE_SPARSE_TILE = GemmConfig(block_k=128)
+#: The sm_90 kernel's tile for 2:4 sparse A: 192 x 128 at a 128-deep K step, three ring
+#: stages and two slots of metadata words by TMA (``sparse_meta="tma"``, the config's
+#: default). On an H100 (``scripts/sparse_candidates.py``, twenty-eighth session, device only
+#: against the dense HGEMM): 8192^3 1.47x, 4096^3 1.22x, 4096 x 14336 x 4096 1.35x, where the
+#: wide tile read 1.24 / 1.19 / 1.19x with its words by TMA and 1.28 / 1.23 / 1.25x from
+#: global memory.
+SPARSE_WGMMA_CONFIG = GemmConfig(block_m=192, block_n=128, block_k=128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 

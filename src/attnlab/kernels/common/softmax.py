@@ -15,8 +15,6 @@ to the end (the sum is linear), the max is reduced every tile (it decides the ex
 halves, so a kernel can exponentiate one slice of columns at a time between other work
 (``FlashConfig.interleave_softmax``); ``step`` + ``rescale_o`` split it the other way, P first
 and O's rescale later, once the MMAs that read O are done (``FlashConfig.intra_wg_overlap``).
-In blocks without a mask ``update`` and ``step`` can take some of a row's exponentials on the
-FMA pipe (``exp2_emulation``), so that fewer of them wait for the special-function unit.
 """
 
 
@@ -26,7 +24,6 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.common.exp2_emulation import exp2_fma
 from attnlab.kernels.common.layouts import acc_mn_view
 
 LOG2_E = math.log2(math.e)
@@ -70,46 +67,39 @@ class OnlineSoftmax:
     guard_empty_rows: cutlass.Constexpr
     #: Independent FADD chains per row sum (``chained_sum``); 1: ``reduce``'s single chain.
     sum_chains: cutlass.Constexpr = 1
-    #: Of every 8 exponentials of a row, how many ``exp2_fma`` evaluates in blocks without a
-    #: mask (``FlashConfig.exp2_emulation``); 0: all on ``MUFU.EX2``.
-    emulated: cutlass.Constexpr = 0
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool, sum_chains: int = 1,
-               emulated: int = 0) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows, sum_chains, emulated)
+                   guard_empty_rows, sum_chains)
 
     @cute.jit
-    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False,
-               masked: cutlass.Constexpr = True):
+    def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
         """Turn the S tile into P (in place) and rescale O for the new row maxima.
 
         ``first``: the CTA's first tile (kernel 10): the statistics start from this tile
-        and O, still empty, needs no rescale. ``masked``: the tile may hold masked scores
-        (-inf), whose exponentials must be exactly 0 (``MUFU.EX2`` only).
+        and O, still empty, needs no rescale.
         """
         s_mn = acc_mn_view(acc_s)
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            correction = self._row_update(s_mn, r, first, masked)
+            correction = self._row_update(s_mn, r, first)
             if cutlass.const_expr(not first):
                 o_mn[r, None] = o_mn[r, None].load() * correction
 
     @cute.jit
-    def step(self, acc_s: cute.Tensor, corrections: cute.Tensor,
-             masked: cutlass.Constexpr = True):
+    def step(self, acc_s: cute.Tensor, corrections: cute.Tensor):
         """``update`` without O (``intra_wg_overlap``): P in place of S and the statistics
         moved to the tile's maxima, the factor each row of O must be rescaled by written to
         ``corrections``; ``rescale_o`` applies it once nothing reads O any more."""
         s_mn = acc_mn_view(acc_s)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            corrections[r] = self._row_update(s_mn, r, False, masked)
+            corrections[r] = self._row_update(s_mn, r, False)
 
     @cute.jit
     def rescale_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
@@ -118,22 +108,14 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             o_mn[r, None] = o_mn[r, None].load() * corrections[r]
 
-    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool, masked: bool):
+    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool):
         """Row ``r`` of the tile: P in place of S, the row's max and sum updated; returns
         the factor O's row must be rescaled by (unused for the first tile)."""
         row = self._scores(s_mn[r, None].load())
         m_old = self.row_max[r]
         m_new = self._new_max(row, m_old, first)
         m_exp = self._exponent_max(m_new)
-        if cutlass.const_expr(self.emulated and not masked):
-            # Columns 0 .. emulated - 1 of every 8 on the FMA pipe, the rest on MUFU.EX2.
-            for c in range(cute.size(s_mn, mode=[1])):
-                x = self._exponent(self._scores(s_mn[r, c]), m_exp)
-                s_mn[r, c] = (exp2_fma(x) if c % 8 < self.emulated
-                              else cute.math.exp2(x, fastmath=True))
-            p = s_mn[r, None].load()
-        else:
-            p = self._exp(row, m_exp)
+        p = self._exp(row, m_exp)
         correction = self._exp(m_old, m_exp)
         self.row_max[r] = m_new
         s_mn[r, None] = p
@@ -200,13 +182,10 @@ class OnlineSoftmax:
     def _exp(self, x, m_exp):
         """exp(x - m) in the softmax's form: one FFMA into exp2 with the scale folded in
         (fused), or FADD + FMUL into exp2 on scaled scores."""
-        return cute.math.exp2(self._exponent(x, m_exp), fastmath=True)
-
-    def _exponent(self, x, m_exp):
-        """The base-2 exponent of exp(x - m): ``x`` raw (fused) or scaled."""
         if cutlass.const_expr(self.fused):
-            return x * self.scale_log2 - m_exp * self.scale_log2
-        return (x - m_exp) * LOG2_E
+            return cute.math.exp2(x * self.scale_log2 - m_exp * self.scale_log2,
+                                  fastmath=True)
+        return cute.math.exp2((x - m_exp) * LOG2_E, fastmath=True)
 
     def _sum(self, s_mn: cute.Tensor, r: int, col0: int, cols: int):
         terms = [s_mn[r, c] for c in range(col0, col0 + cols)]

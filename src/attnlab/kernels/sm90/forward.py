@@ -456,7 +456,7 @@ class FlashForwardSm90(ForwardKernel):
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(
             cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
-            guard_empty_rows=self.windowed or self.varlen, emulated=cfg.exp2_emulation)
+            guard_empty_rows=self.windowed or self.varlen)
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
@@ -516,7 +516,7 @@ class FlashForwardSm90(ForwardKernel):
         if cutlass.const_expr(masked):
             mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
                             window_left, window_right, self.windowed, paired_columns=True)
-        softmax.update(acc_S, acc_O, masked=masked)
+        softmax.update(acc_S, acc_O)
         rP = cute.make_fragment_like(acc_S, self.dtype)
         self._convert_p(acc_S, rP)
         pipes[1].consumer_wait(state)
@@ -606,7 +606,7 @@ class FlashForwardSm90(ForwardKernel):
         if cutlass.const_expr(masked):
             mask.apply_mask(acc_S, tScS_mn, row0, n_block * cfg.block_n, seqlen_q, seqlen_k,
                             window_left, window_right, self.windowed, paired_columns=True)
-        softmax.step(acc_S, corrections, masked=masked)
+        softmax.step(acc_S, corrections)
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
         if cutlass.const_expr(not cfg.rescale_o_before_pv):
