@@ -19,6 +19,7 @@ from attnlab.gemm.sparse import (
     SPARSE_WGMMA_CONFIG,
     WIDE_SPARSE_TILE,
     decompress,
+    wgmma_tile_for,
     wgmma_words,
 )
 from attnlab.gemm_config import BARRIER_BYTES, BLOCK_MS, MmaGemmConfig
@@ -366,3 +367,13 @@ def test_sparse_ladder_puts_each_sparse_kernel_beside_its_dense_one():
     assert all(callable(sparse_step(name)) for name in SPARSE_STEPS)
     result = CliRunner().invoke(app, ["ladder", "--family", "sparse"])
     assert result.exit_code == 2 and "needs a CUDA GPU" in result.output, result.output
+
+
+def test_the_wgmma_tile_follows_the_waves():
+    """The default (192 x 128) tile where its waves of persistent tiles fill the SMs about as
+    well as the wide one's; the wide tile (words from global memory) where the default would
+    start a second, mostly idle wave: 2048^2 on 132 SMs (176 tiles against 128)."""
+    wide = WIDE_SPARSE_TILE.replace(sparse_meta="global")
+    assert wgmma_tile_for(2048, 2048, 132) == wide
+    for m, n in ((8192, 8192), (4096, 14336), (4096, 4096)):
+        assert wgmma_tile_for(m, n, 132) == SPARSE_WGMMA_CONFIG, (m, n)
