@@ -55,8 +55,6 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
 VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
-for _variants in VARIANTS.values():
-    _variants["row_sum_mma"] = {"row_sum_mma": True}
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int,

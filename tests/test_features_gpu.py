@@ -621,25 +621,6 @@ def test_wgmma_rescale_o_before_pv(head_dim, window):
     check_varlen(window, torch.float16, config, head_dim)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
-def test_wgmma_row_sum_mma(head_dim, window):
-    """The row sums by the tensor cores (``row_sum_mma``): one K/V block (the sums from the
-    epilogue's P V alone), many, masks (rows that see no key keep O = 0 and LSE = -inf),
-    GQA, both dtypes, packed sequences."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma needs sm_90a")
-    config = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
-        row_sum_mma=True)
-    for seqlen_k in (40, 1031):
-        q, k, v = dense_inputs(2, 333, seqlen_k, 8, 2, head_dim, torch.bfloat16,
-                               seed=head_dim + seqlen_k + 1)
-        check_dense(q, k, v, window=window, config=config)
-    q, k, v = dense_inputs(1, 300, 700, 4, 4, head_dim, torch.float16, seed=head_dim + 8)
-    check_dense(q, k, v, window=window, config=config)
-    check_varlen(window, torch.float16, config, head_dim)
-
-
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

@@ -41,10 +41,6 @@ class ConfigError(ValueError):
     """A kernel configuration that cannot be built, with the reason."""
 
 
-#: Columns of ``row_sum_mma``'s tile of ones: the narrowest warpgroup MMA (N = 8).
-ROW_SUM_COLUMNS = 8
-
-
 @dataclass(frozen=True)
 class FlashConfig:
     """Knobs of the FlashAttention-2 forward kernels (named after the seeds' kernels 1-16
@@ -169,11 +165,6 @@ class FlashConfig:
             masks leave unbalanced (``tile_order.snake_imbalance``). The producer warp
             takes the tile and passes it to the consumers beside Q; the last CTA to finish
             sets the counter back to zero (``attnlab.counters``).
-        row_sum_mma: (wgmma, intra_wg_overlap) the softmax's row sums by the tensor cores:
-            each P V issues beside it, in the same commit group, P times a shared tile of
-            ones (N = 8), whose accumulator is rescaled with O and holds each thread's whole
-            row sums at the end. The softmax's FADD per score and the quad reduction of the
-            sums go; the tensor cores do 8 / D more work.
     """
 
     block_m: int = 64
@@ -206,7 +197,6 @@ class FlashConfig:
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
-    row_sum_mma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -283,10 +273,10 @@ class FlashConfig:
         if self.wgmma:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
-              or self.rescale_o_before_pv or self.dynamic_tiles or self.row_sum_mma):
-            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
-                              "dynamic_tiles and row_sum_mma schedule the warpgroup-MMA "
-                              "kernel: they need wgmma")
+              or self.rescale_o_before_pv or self.dynamic_tiles):
+            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv and "
+                              "dynamic_tiles schedule the warpgroup-MMA kernel: they need "
+                              "wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -306,9 +296,6 @@ class FlashConfig:
         if self.dynamic_tiles and not self.persistent:
             raise ConfigError("dynamic_tiles hands persistent CTAs their tiles: it needs "
                               "persistent")
-        if self.row_sum_mma and not self.intra_wg_overlap:
-            raise ConfigError("row_sum_mma issues the row sums with the overlapped P V: it "
-                              "needs intra_wg_overlap")
         if self.rescale_o_before_pv and not self.intra_wg_overlap:
             raise ConfigError("rescale_o_before_pv moves O's rescale under the next block's "
                               "Q K^T: it needs intra_wg_overlap")
@@ -351,8 +338,7 @@ class FlashConfig:
             if self.fused_softmax:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
-                                        "rescale_o_before_pv", "persistent", "dynamic_tiles",
-                                        "row_sum_mma")
+                                        "rescale_o_before_pv", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
@@ -449,11 +435,7 @@ class FlashConfig:
         rows = self.block_m + 2 * self.block_n * self.kv_stages
         if self.stages_o_apart(head_dim, elem_bytes):
             rows += self.block_m
-        return rows * self.smem_row_elems(head_dim) * elem_bytes + self.ones_bytes(elem_bytes)
-
-    def ones_bytes(self, elem_bytes: int = 2) -> int:
-        """Shared memory of ``row_sum_mma``'s tile of ones (B_c x 8)."""
-        return ROW_SUM_COLUMNS * self.block_n * elem_bytes if self.row_sum_mma else 0
+        return rows * self.smem_row_elems(head_dim) * elem_bytes
 
     def stages_o_apart(self, head_dim: int, elem_bytes: int = 2) -> bool:
         """Whether a persistent ``wgmma`` CTA stages O in a tile of its own, where shared
@@ -462,5 +444,4 @@ class FlashConfig:
         if not (self.wgmma and self.persistent):
             return False
         rows = 2 * self.block_m + 2 * self.block_n * self.kv_stages
-        return (rows * head_dim * elem_bytes + self.ones_bytes(elem_bytes)
-                <= SMEM_CAPACITY["sm_90a"] - 1024)
+        return rows * head_dim * elem_bytes <= SMEM_CAPACITY["sm_90a"] - 1024

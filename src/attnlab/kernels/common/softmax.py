@@ -67,20 +67,16 @@ class OnlineSoftmax:
     guard_empty_rows: cutlass.Constexpr
     #: Independent FADD chains per row sum (``chained_sum``); 1: ``reduce``'s single chain.
     sum_chains: cutlass.Constexpr = 1
-    #: The row sums come from the tensor cores (``FlashConfig.row_sum_mma``): ``row_sum`` is
-    #: not kept, and ``finalize`` takes the sums.
-    sums_by_mma: cutlass.Constexpr = False
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool, sum_chains: int = 1,
-               sums_by_mma: bool = False) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows, sum_chains, sums_by_mma)
+                   guard_empty_rows, sum_chains)
 
     @cute.jit
     def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
@@ -123,8 +119,6 @@ class OnlineSoftmax:
         correction = self._exp(m_old, m_exp)
         self.row_max[r] = m_new
         s_mn[r, None] = p
-        if cutlass.const_expr(self.sums_by_mma):
-            return correction
         if cutlass.const_expr(self.sum_chains > 1):
             tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
         else:
@@ -198,16 +192,11 @@ class OnlineSoftmax:
         return chained_sum(terms, self.sum_chains)
 
     @cute.jit
-    def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor, sums: cute.Tensor | None = None):
-        """Normalise O by the row sums and write each row's natural-log LSE into ``lse``.
-        ``sums``: with ``sums_by_mma``, the accumulator of P times ones (every column of a
-        row holds its whole sum)."""
+    def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor):
+        """Normalise O by the row sums and write each row's natural-log LSE into ``lse``."""
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            if cutlass.const_expr(self.sums_by_mma):
-                total = acc_mn_view(sums)[r, 0]
-            else:
-                total = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
+            total = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
             inverse = cute.arch.rcp_approx(total)
             if cutlass.const_expr(self.guard_empty_rows):
                 # No key: O stays 0 (not 0 * inf) and the LSE below is log(0) = -inf.

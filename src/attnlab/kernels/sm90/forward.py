@@ -54,7 +54,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from attnlab.config import ROW_SUM_COLUMNS, WGMMA_M, ConfigError
+from attnlab.config import WGMMA_M, ConfigError
 from attnlab.kernels.abi import ForwardArgs, ForwardSpec
 from attnlab.kernels.common import mask
 from attnlab.kernels.common.barriers import NamedBarrier
@@ -146,15 +146,6 @@ class FlashForwardSm90(ForwardKernel):
         # V is the B operand of P V with N = head dim contiguous: MN-major.
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, tile_pv, self.dtype,
                                                   cfg.kv_stages)
-        row_sums = None
-        if cutlass.const_expr(cfg.row_sum_mma):
-            # P (A, from registers) times a K-major tile of ones: N = 8 columns of row sums.
-            row_sums = (sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, major_k, major_k, cutlass.Float32, atoms,
-                (WGMMA_M, ROW_SUM_COLUMNS), warpgroup.OperandSource.RMEM),
-                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
-                                              (cfg.block_m, ROW_SUM_COLUMNS, cfg.block_n),
-                                              self.dtype, 1))
 
         # TMA views: tile modes first, then (heads, batch). V as (D, rows) for its MN-major tile.
         v_view = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
@@ -175,7 +166,7 @@ class FlashForwardSm90(ForwardKernel):
                                                         rows_first(mO), self._stage(sQ_layout),
                                                         (cfg.block_m, D)))
 
-        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout, row_sums)
+        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
         scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], cfg.persistent,
                                   self.windowed, cfg.lpt)
@@ -183,7 +174,6 @@ class FlashForwardSm90(ForwardKernel):
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
             SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2], t.tile_counter,
-            row_sums,
         ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
                  stream=stream, min_blocks_per_mp=1)
 
@@ -192,10 +182,10 @@ class FlashForwardSm90(ForwardKernel):
         """One stage of a staged shared-memory layout (what one TMA copy fills)."""
         return cute.slice_(staged_layout, (None, None, 0))
 
-    def _shared_storage(self, sQ_layout, sK_layout, sV_layout, row_sums):
+    def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
         """Q, O's own tile where ``stages_o_apart``, the K and V rings, the barriers
-        (full/empty for Q and per K and V stage), with ``dynamic_tiles`` the tile slots and
-        with ``row_sum_mma`` the tile of ones."""
+        (full/empty for Q and per K and V stage), and with ``dynamic_tiles`` the tile
+        slots."""
         stages = self.cfg.kv_stages
         fields = {"sQ": shared_tile(self.dtype, sQ_layout)}
         if cutlass.const_expr(self.cfg.stages_o_apart(self.head_dim)):
@@ -209,8 +199,6 @@ class FlashForwardSm90(ForwardKernel):
             # The tile of each Q stage, two deep (by the Q ring's count), so the producer
             # can write the next while the consumers read this one.
             fields["tile_slots"] = cute.struct.MemRange[cutlass.Int32, 2]
-        if cutlass.const_expr(row_sums is not None):
-            fields["sOnes"] = shared_tile(self.dtype, row_sums[1])
         return shared_storage(fields)
 
     # ----------------------------------------------------------------------------------------
@@ -223,7 +211,7 @@ class FlashForwardSm90(ForwardKernel):
                softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
                sQ_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
                num_m_blocks: cutlass.Int32, num_seqs: cutlass.Int32,
-               heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor, row_sums):
+               heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -243,9 +231,6 @@ class FlashForwardSm90(ForwardKernel):
         pipes = [self._tma_pipeline(storage.q_bars.data_ptr(), sQ_layout, 1),
                  self._tma_pipeline(storage.k_bars.data_ptr(), sK_layout, cfg.kv_stages),
                  self._tma_pipeline(storage.v_bars.data_ptr(), sV_layout, cfg.kv_stages)]
-        ones = None
-        if cutlass.const_expr(cfg.row_sum_mma):
-            ones = self._fill_ones(storage, row_sums[1], tidx)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         tiles = (tma_q, tma_k, tma_v, mCuQ, mCuK, window_left, window_right, heads_per_kv)
@@ -275,11 +260,10 @@ class FlashForwardSm90(ForwardKernel):
                     # The first turn at the tensor cores is warpgroup 0's. Once per CTA: a
                     # persistent CTA's last turn of a tile hands over to its next tile's first.
                     NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
-            sums = None if ones is None else (row_sums[0], ones)
             consume = lambda m_block, seq, head, states: self._consume(  # noqa: E731
                 self._tile(m_block, seq, head, *tiles), ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
                 sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right, states,
-                sums, waited=cfg.dynamic_tiles)
+                waited=cfg.dynamic_tiles)
             states = self._ring_states(pipeline.PipelineUserType.Consumer)
             if cutlass.const_expr(cfg.dynamic_tiles):
                 self._consume_dynamic(self.tile_scheduler(*tile_grid), consume, states, slots,
@@ -290,17 +274,6 @@ class FlashForwardSm90(ForwardKernel):
                 if ctidx < 32:
                     # The last tile's O store must have read its tile before the CTA ends.
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _fill_ones(self, storage, layout, tidx) -> cute.Tensor:
-        """``row_sum_mma``'s tile of ones, written by every thread before the CTA's first
-        barrier (which makes it visible; the fence hands it to the tensor cores' proxy)."""
-        ones = storage.sOnes.get_tensor(layout.outer, swizzle=layout.inner)
-        flat = cute.make_tensor(ones.iterator, cute.make_layout(cute.cosize(layout.outer)))
-        for i in cutlass.range(tidx, cute.size(flat), self.cfg.num_threads, unroll=1):
-            flat[i] = self.dtype(1.0)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        return ones
 
     def _ring_states(self, user: pipeline.PipelineUserType) -> tuple:
         """The positions in Q's ring and in the K/V ring, carried from tile to tile."""
@@ -444,19 +417,17 @@ class FlashForwardSm90(ForwardKernel):
                  mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor, sK: cute.Tensor,
                  sV: cute.Tensor, pipes: list, o_store: tuple, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, window_left, window_right,
-                 states: tuple, sums, waited: cutlass.Constexpr = False) -> tuple:
+                 states: tuple, waited: cutlass.Constexpr = False) -> tuple:
         """A consumer warpgroup's share of one tile (none past the end of a packed
         sequence); returns the rings' states after it. ``waited``: Q has landed (the
-        dynamic walk waits for it to read the tile); ``sums``: ``row_sum_mma``'s MMA and
-        tile of ones, or None."""
+        dynamic walk waits for it to read the tile)."""
         q_state, state = states
         if tile.has_rows:
             if cutlass.const_expr(not waited):
                 pipes[0].consumer_wait(q_state)
             q_state, state = self._consume_rows(tile, ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
                                                 sV, pipes, o_store, mLSE, softmax_scale,
-                                                window_left, window_right, q_state, state,
-                                                sums)
+                                                window_left, window_right, q_state, state)
         return q_state, state
 
     @cute.jit
@@ -464,7 +435,7 @@ class FlashForwardSm90(ForwardKernel):
                       mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor,
                       sK: cute.Tensor, sV: cute.Tensor, pipes: list, o_store: tuple,
                       mLSE: cute.Tensor, softmax_scale: cutlass.Float32, window_left,
-                      window_right, q_state, state, sums) -> tuple:
+                      window_right, q_state, state) -> tuple:
         """Its 64 rows of S = Q K^T, softmax and O += P V per block, then its share of the
         epilogue. Q is released once nothing reads it: after the last S = Q K^T where O has
         its own tile, else once O, staged in Q's tile, has been read out."""
@@ -485,24 +456,14 @@ class FlashForwardSm90(ForwardKernel):
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(
             cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
-            guard_empty_rows=self.windowed or self.varlen, sums_by_mma=cfg.row_sum_mma)
-        # P times ones (``row_sum_mma``): (tiled MMA, B fragments, accumulator), issued beside
-        # every P V and rescaled with O.
-        row_sums = None
-        if cutlass.const_expr(cfg.row_sum_mma):
-            mma_l, ones = sums
-            wg_l = mma_l.get_slice(wg * 128)
-            acc_L = cute.make_rmem_tensor(mma_l.get_slice(ctidx).partition_shape_C(
-                (cfg.block_m, ROW_SUM_COLUMNS)), cutlass.Float32)
-            acc_L.fill(0.0)
-            row_sums = (mma_l, acc_L, wg_l.make_fragment_B(wg_l.partition_B(ones[None, None, 0])))
+            guard_empty_rows=self.windowed or self.varlen)
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
         q_pipe, kv_pipes = pipes[0], pipes[1:]
         operands = (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, kv_pipes,
                     tScS_mn, tile.row0, tile.seqlen_q, tile.seqlen_k, window_left,
-                    window_right, wg, row_sums)
+                    window_right, wg)
         n_min, n_max = tile.n_min, tile.n_max
         # Where this tile's rows start in the (packed) tensors and how many there are, taken
         # before the K/V loop: two values live through it instead of the four they come from.
@@ -528,7 +489,7 @@ class FlashForwardSm90(ForwardKernel):
             q_pipe.consumer_release(q_state)
 
         lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
-        softmax.finalize(acc_O, lse_rows, None if row_sums is None else row_sums[1])
+        softmax.finalize(acc_O, lse_rows)
         if cutlass.const_expr(mLSE is not None):
             store_lse(mLSE, tile.batch, tile.head, first_row, thr_pv, (cfg.block_m, D),
                       lse_rows, rows_left)
@@ -542,8 +503,7 @@ class FlashForwardSm90(ForwardKernel):
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
                   tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor,
                   softmax: OnlineSoftmax, pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q,
-                  seqlen_k, window_left, window_right, wg, row_sums,
-                  masked: cutlass.Constexpr):
+                  seqlen_k, window_left, window_right, wg, masked: cutlass.Constexpr):
         """One K/V block of a consumer warpgroup; returns the advanced ring state. With
         ``pingpong`` the warpgroups take turns issuing their S = Q K^T: each waits for its
         turn, issues, and hands the turn over (a warpgroup that arrived twice before the other
@@ -580,7 +540,7 @@ class FlashForwardSm90(ForwardKernel):
     def _overlapped_walk(self, state, operands: tuple, bounds: list, n_min, n_max):
         """``_overlapped_blocks`` over at least one block."""
         (mma_qk, mma_pv, thr_qk, tSrQ, tSrK, tOrV, acc_O, softmax, pipes, tScS_mn, row0,
-         seqlen_q, seqlen_k, window_left, window_right, wg, row_sums) = operands
+         seqlen_q, seqlen_k, window_left, window_right, wg) = operands
         cfg = self.cfg
         s_shape = thr_qk.partition_shape_C((cfg.block_m, cfg.block_n))
         # P of the previous block, read by its O += P V while this block's S is computed.
@@ -614,11 +574,10 @@ class FlashForwardSm90(ForwardKernel):
                     state, v_state = self._overlapped_block(n_block, state, v_state,
                                                             *blocks, masked=False)
         if cutlass.const_expr(cfg.rescale_o_before_pv):
-            self._rescale(softmax, acc_O, row_sums, corrections)
+            softmax.rescale_o(acc_O, corrections)
         pipes[1].consumer_wait(v_state)
         wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False,
-                   beside=row_sums)
+                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
         pipes[1].consumer_release(v_state)
         return state
 
@@ -628,8 +587,7 @@ class FlashForwardSm90(ForwardKernel):
                           mma_pv: cute.TiledMma, thr_qk, tSrQ: cute.Tensor, tSrK: cute.Tensor,
                           tOrV: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax,
                           pipes: list, tScS_mn: cute.Tensor, row0, seqlen_q, seqlen_k,
-                          window_left, window_right, wg, row_sums,
-                          masked: cutlass.Constexpr):
+                          window_left, window_right, wg, masked: cutlass.Constexpr):
         """Block ``n_block``'s S and the previous block's O += P V (``v_state``'s V stage) in
         flight together; returns the ring states of the next block and of this one's V.
         ``corrections``: O's row factors for the previous block's maxima, applied after that
@@ -638,11 +596,10 @@ class FlashForwardSm90(ForwardKernel):
         cfg = self.cfg
         acc_S = self._start_s(state, mma_qk, thr_qk, tSrQ, tSrK, pipes, wg)
         if cutlass.const_expr(cfg.rescale_o_before_pv):
-            self._rescale(softmax, acc_O, row_sums, corrections)
+            softmax.rescale_o(acc_O, corrections)
         pipes[1].consumer_wait(v_state)
         wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
-                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False, wait=False,
-                   beside=row_sums)
+                   tOrV[None, None, None, uniform_stage(v_state)], zero_init=False, wait=False)
         self._turn_end(wg)
         warpgroup.wait_group(1)  # S has landed; P V may still run
         pipes[0].consumer_release(state)
@@ -653,20 +610,11 @@ class FlashForwardSm90(ForwardKernel):
         warpgroup.wait_group(0)  # P V is done: O and the previous P are free
         pipes[1].consumer_release(v_state)
         if cutlass.const_expr(not cfg.rescale_o_before_pv):
-            self._rescale(softmax, acc_O, row_sums, corrections)
+            softmax.rescale_o(acc_O, corrections)
         self._convert_p(acc_S, rP)
         v_state = state.clone()
         state.advance()
         return state, v_state
-
-    @staticmethod
-    def _rescale(softmax: OnlineSoftmax, acc_O: cute.Tensor, row_sums,
-                 corrections: cute.Tensor) -> None:
-        """O's rows, and the row sums' accumulator with ``row_sum_mma``, times
-        ``corrections``."""
-        softmax.rescale_o(acc_O, corrections)
-        if cutlass.const_expr(row_sums is not None):
-            softmax.rescale_o(row_sums[1], corrections)
 
     def _convert_p(self, acc_S: cute.Tensor, rP: cute.Tensor) -> None:
         """P = the softmaxed S in the input dtype, the A operand of O += P V (``fence_p``:

@@ -7,21 +7,17 @@ from cutlass.cute.nvgpu.tcgen05.helpers import smem_descriptor_to_int
 
 
 def wgmma_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
-               tCrB: cute.Tensor, zero_init: bool, wait: bool = True,
-               beside: tuple | None = None) -> None:
+               tCrB: cute.Tensor, zero_init: bool, wait: bool = True) -> None:
     """``acc (+)= A @ B`` as one batch (commit group) of wgmma k-steps; with ``wait``, waited
     for before returning (the caller then reads ``acc`` or frees B's stage), else the caller
-    waits with ``warpgroup.wait_group``. ``beside``: ``(tiled_mma, acc, tCrB)`` of a second
-    product of the same A, issued in the same group (the forward's ``row_sum_mma``)."""
-    gemms = [(tiled_mma, acc, tCrB)] + ([beside] if beside is not None else [])
+    waits with ``warpgroup.wait_group``."""
+    # A fresh atom per call: its accumulate flag is runtime state, and setting it on the
+    # tiled MMA inside a loop would leave that state defined in the loop's region.
+    atom = cute.make_mma_atom(tiled_mma.op)
     warpgroup.fence()
-    for mma, c, b in gemms:
-        # A fresh atom per product: its accumulate flag is runtime state, and setting it on
-        # the tiled MMA inside a loop would leave that state defined in the loop's region.
-        atom = cute.make_mma_atom(mma.op)
-        for k in range(cute.size(tCrA, mode=[2])):
-            atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
-            cute.gemm(atom, c, tCrA[None, None, k], b[None, None, k], c)
+    for k in range(cute.size(tCrA, mode=[2])):
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init or k != 0)
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
     warpgroup.commit_group()
     if wait:
         warpgroup.wait_group(0)
