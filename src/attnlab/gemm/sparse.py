@@ -84,6 +84,8 @@ def wgmma_tile_for(m: int, n: int, multiprocessors: int) -> GemmConfig:
     if time(wide, 1.0) < time(SPARSE_WGMMA_CONFIG, TALL_TILE_SPEEDUP):
         return wide
     return SPARSE_WGMMA_CONFIG
+
+
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
