@@ -20,14 +20,19 @@ from pathlib import Path
 import torch
 
 from attnlab import backward, kernel_cache
-from attnlab.backward_config import BackwardConfig, default_backward
+from attnlab.backward_config import (
+    BackwardConfig,
+    default_backward,
+    mma_sync_backward_for,
+)
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, measure_point, training_impl
 from attnlab.kernels.abi import BackwardSpec
 
 #: Candidates: knob changes on the default (``{}`` is the default itself; ``default_of``:
-#: start from another arch's default, e.g. the mma.sync path's).
+#: start from another arch's default; ``sm_80``: the mma.sync kernel as Hopper runs it,
+#: ``mma_sync_backward_for``).
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "stages1": {"q_stages": 1},
@@ -40,6 +45,11 @@ VARIANTS: dict[str, dict[str, object]] = {
     "O3": {"ptxas_opt_level": 3},
     "sm80": {"default_of": "sm_80"},
     "sm80_O3": {"default_of": "sm_80", "ptxas_opt_level": 3},
+    "sm80_dk_last": {"default_of": "sm_80", "dq_first": False},
+    "sm80_dq_first": {"default_of": "sm_80", "dq_first": True},
+    "sm80_O2": {"default_of": "sm_80", "ptxas_opt_level": 2},
+    "sm80_dq_first_O2": {"default_of": "sm_80", "dq_first": True, "ptxas_opt_level": 2},
+    "sm80_dq_first_O3": {"default_of": "sm_80", "dq_first": True, "ptxas_opt_level": 3},
     "sm80_lpt": {"default_of": "sm_80", "lpt": True},
     "sm80_lpt_O3": {"default_of": "sm_80", "lpt": True, "ptxas_opt_level": 3},
     "sm80_1d": {"default_of": "sm_80", "block_m": 64, "kv_warps_n": 1, "dq_warps_m": 0},
@@ -114,7 +124,10 @@ def main() -> None:
             try:
                 knobs = dict(VARIANTS[name])
                 arch = str(knobs.pop("default_of", "sm_90a"))
-                config = default_backward(head_dim, arch, windowed=causal).replace(**knobs)
+                base = (mma_sync_backward_for("sm_90a", head_dim, causal, args.dtype)
+                        if arch == "sm_80" else default_backward(head_dim, arch,
+                                                                  windowed=causal))
+                config = base.replace(**knobs)
                 config.check_problem(head_dim, "sm_90a")
                 found[name] = (config, arch)
             except ValueError as exc:

@@ -7,7 +7,9 @@ For a few points of ``attnlab bench --decode``'s grid, the default (what
 ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
 round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
-split count (what the merge costs). Results go to OUT/decode_candidates.json.
+split count (what the merge costs). ``--paged``: instead, the default on the contiguous cache
+against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page). Results go to
+OUT/decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--combine", action="store_true",
                         help="time the split decoding alone and with each combine")
+    parser.add_argument("--paged", action="store_true",
+                        help="time the default on the contiguous and on the paged cache")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     rows = []
@@ -89,7 +93,11 @@ def main() -> None:
         # (keys per warp, stages, splits): the default, a stage deeper (three 128-key blocks
         # in flight: 198 KB of shared memory on sm_90), then 64-key blocks (half the shared
         # memory: two CTAs per SM) with as many and with twice the splits.
-        for kpw_, st, splits in (() if args.combine else (
+        if args.paged:
+            for paged in (False, True):
+                variants["paged" if paged else "contiguous"] = runner(
+                    point, sets, paged, auto, stages, kpw)
+        for kpw_, st, splits in (() if args.combine or args.paged else (
                 (kpw, stages, auto), (kpw, stages + 1, auto), (16, 2, auto),
                 (16, 2, min(128, 2 * auto)), (16, 3, min(128, 2 * auto)),
                 (kpw, stages, max(1, auto // 2)))):

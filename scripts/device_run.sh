@@ -19,6 +19,8 @@
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   gemmhost where a GEMM call's host time goes (scripts/gemm_host.py: matmul per split mode,
 #            int8_matmul, their peers and the calls' parts)
+#   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
+#            against FA2, cuDNN and FA4, bf16 and fp16, beside the backward in the other GEMM order
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
@@ -134,6 +136,12 @@ case $mode in
   bwdprof)
     python3 scripts/bwd_profile.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
+  sm80path)
+    for dt in bfloat16 float16; do
+      python3 scripts/bwd_candidates.py --work forward+backward --variants sm80,sm80_dk_last \
+        --dtype "$dt" --out "$OUT/sm80-$dt" 2>&1 | grep -v "Warning\|exe_args" | tee -a "$log"
+    done
+    ;;
   bwdsweep)
     python3 scripts/bwd_candidates.py --out "$OUT" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
@@ -192,5 +200,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|decode|bwdprof|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|sm80path|decode|bwdprof|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ from attnlab.backward_config import (
     BackwardConfig,
     backward_head_dims,
     default_backward,
+    mma_sync_backward_for,
 )
 from attnlab.compile import compile_spec
 from attnlab.config import ConfigError
@@ -34,6 +35,7 @@ from attnlab.kernels.common.backward_walk import BackwardKernel
     ({"kv_warps_n": 3}, "kv_warps_n must be"),
     ({"kv_warps_n": 2, "wgmma": True}, "kv_warps_n is the mma.sync"),
     ({"kv_warps_n": 2, "block_m": 16}, "must split into 2 warps"),
+    ({"dq_first": True, "wgmma": True}, "dq_first orders the mma.sync"),
 ])
 def test_bad_configs_say_why(knobs, message):
     with pytest.raises(ConfigError, match=message):
@@ -244,3 +246,37 @@ def test_warm_covers_every_default_backward_kernel():
         assert all(s.config == default_backward(s.head_dim, arch, s.varlen, windowed=s.windowed)
                    for s in backward)
         assert sum(isinstance(s, PreprocessSpec) for s in specs) == len(backward)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mma_sync_backward_on_hopper_takes_fa2s_gemm_order(dtype):
+    """The sm80 path of an H100 adds dQ before dK (``dq_first``) at hd64 and at hd128 in
+    bf16 without a mask (where it measured faster); sm_80 keeps its measured default."""
+    for head_dim in (64, 128):
+        for windowed in (False, True):
+            hopper = mma_sync_backward_for("sm_90a", head_dim, windowed, dtype)
+            ampere = mma_sync_backward_for("sm_80", head_dim, windowed, dtype)
+            assert ampere == default_backward(head_dim, "sm_80", windowed=windowed)
+            expected = head_dim == 64 or (dtype == "bfloat16" and not windowed)
+            assert hopper.dq_first == expected
+            assert hopper.replace(dq_first=False) == ampere
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dq_first_interleaves_dqs_adds_with_dks_mmas(head_dim, tmp_path):
+    """With ``dq_first`` the unmasked body's dQ reduce-adds (no row check: its query blocks
+    lie inside the sequence) are issued between dK's HMMAs; in the other order they all
+    follow the body's last HMMA. Both build without spills in bf16."""
+    tails = {}
+    for dq_first in (False, True):
+        config = mma_sync_backward_for("sm_90a", head_dim).replace(dq_first=dq_first)
+        art = compile_spec(BackwardSpec(config, "sm_90a", "bfloat16", head_dim, False, False,
+                                        False), tmp_path)
+        text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, text).spills
+        ops = [i.opcode for i in parse(text)]
+        first_red = next(i for i, op in enumerate(ops) if op.startswith("RED"))
+        # MMAs of the body between its first reduce-add and the next body.
+        last_red = max(i for i, op in enumerate(ops[:first_red + 400]) if op.startswith("RED"))
+        tails[dq_first] = sum(op.startswith("HMMA") for op in ops[first_red:last_red])
+    assert tails[False] == 0 and tails[True] > 0, tails

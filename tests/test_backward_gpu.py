@@ -138,7 +138,13 @@ def test_large_logits_move_the_running_max():
                 sdpa_grads(q, k, v, dout, (-1, 0), 0.125), ref, "large logits")
 
 
-def test_varlen_with_empty_sequences_matches_per_sequence_reference():
+@pytest.mark.parametrize("kernel", ["default", "mma_sync_dq_first"])
+def test_varlen_with_empty_sequences_matches_per_sequence_reference(kernel):
+    """Through autograd with the default kernel; the mma.sync kernel in FA2's GEMM order
+    (unchecked dQ adds for query blocks inside a sequence) through its config."""
+    from attnlab import backward
+    from attnlab.backward_config import BackwardConfig
+
     seqlens_q, seqlens_k = [0, 130, 1, 517, 64], [0, 200, 77, 517, 0]
     gen = torch.Generator(device="cuda").manual_seed(11)
     dt = torch.bfloat16
@@ -151,9 +157,19 @@ def test_varlen_with_empty_sequences_matches_per_sequence_reference():
         return torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
 
     poison_allocator()
-    out = attnlab.attention_varlen(q, k, v, offsets(seqlens_q), offsets(seqlens_k),
-                                   max(seqlens_q), max(seqlens_k), causal=True)
-    ours = torch.autograd.grad(out, (q, k, v), dout)
+    cu_q, cu_k = offsets(seqlens_q), offsets(seqlens_k)
+    if kernel == "default":
+        out = attnlab.attention_varlen(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                       causal=True)
+        ours = torch.autograd.grad(out, (q, k, v), dout)
+    else:
+        out, lse = attnlab.attention_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k,
+                                            max(seqlens_q), max(seqlens_k), causal=True,
+                                            return_lse=True)
+        ours = backward.attention_backward(
+            dout, q.detach(), k.detach(), v.detach(), out, lse, None, cu_q, cu_k,
+            max(seqlens_q), max(seqlens_k), 0.125, (-1, 0),
+            config=BackwardConfig(dq_first=True))
     # Per sequence: the dense reference and SDPA on that sequence's rows.
     qs, ks, dos = offsets(seqlens_q).tolist(), offsets(seqlens_k).tolist(), []
     refs, yards = [[], [], []], [[], [], []]
@@ -296,6 +312,9 @@ def test_training_loop_loss_matches_sdpa():
 KERNELS = {"mma_sync": ({}, 128), "mma_sync_bm32": ({"block_m": 32}, 128),
            "mma_sync_kv_n2": ({"kv_warps_n": 2}, 128),
            "mma_sync_kv_n2_hd64": ({"kv_warps_n": 2, "dq_warps_m": 2}, 64),
+           "mma_sync_dq_first": ({"dq_first": True}, 128),
+           "mma_sync_kv_n2_dq_first": ({"kv_warps_n": 2, "dq_warps_m": 2, "dq_first": True},
+                                       128),
            "wgmma": ({"wgmma": True}, 128),
            "wgmma_bm128": ({"wgmma": True, "block_m": 128}, 64),
            "wgmma_split_d": ({"wgmma": True, "block_n": 64, "producer_warp": True}, 128),
@@ -317,13 +336,16 @@ def test_each_backward_kernel_matches_the_reference(kernel, window):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)])
-def test_sm80_default_backward_matches_the_reference(head_dim, window):
+@pytest.mark.parametrize("built_for", ["sm_80", "this GPU"])
+def test_sm80_default_backward_matches_the_reference(head_dim, window, built_for):
     """The mma.sync defaults as an sm80 GPU builds them (``lpt``; at hd128 -O3 without a
-    mask, -O1 with one), run here on any sm80+ GPU."""
-    from attnlab.backward_config import default_backward
+    mask, -O1 with one) and as this GPU's sm80 path (``mma_sync_backward_for``: on Hopper
+    FA2's GEMM order), run here on any sm80+ GPU."""
+    from attnlab.backward_config import mma_sync_backward_for
 
-    config = default_backward(head_dim, "sm_80", windowed=window != (-1, -1))
-    _check_backward_config(config, head_dim, window, f"sm80 default hd{head_dim}")
+    config = mma_sync_backward_for("sm_80" if built_for == "sm_80" else arch(), head_dim,
+                                   window != (-1, -1), "bfloat16")
+    _check_backward_config(config, head_dim, window, f"sm80 path hd{head_dim} {config}")
 
 
 def _check_backward_config(config, head_dim: int, window: tuple[int, int], label: str) -> None:

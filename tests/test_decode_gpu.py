@@ -79,6 +79,8 @@ CASES = [
     (1, 7, 16, 4, 64, None, (-1, 0)),       # 28 packed rows: two tiles
     (2, 1, 8, 2, 32, None, (-1, -1)),       # hd32
     (1, 2, 16, 4, 192, 32, (-1, 0)),        # hd192, paged, causal
+    (2, 1, 16, 4, 96, 16, (-1, -1)),        # hd96: a thread's rows 32 keys apart, 2 pages
+    (3, 1, 32, 8, 128, 48, (-1, -1)),       # pages that straddle the 128-key blocks
 ]
 
 

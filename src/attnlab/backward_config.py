@@ -55,6 +55,10 @@ class BackwardConfig:
             L2 sections of (sequence, K/V head) pairs (the forward's ``lpt``, read the other
             way round: a causal band gives the first K/V blocks the most query blocks), so
             the short ones fill the grid's tail.
+        dq_first: mma.sync, FA2's order of the last three GEMMs: dV, then dQ = dS K and its
+            reduce-adds, then dK, so the adds go out between dK's MMAs instead of after the
+            last GEMM (+2 to +9 % forward + backward on an H100 at hd64 and plain hd128,
+            ``docs/backward.md`` step 20).
         ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): -O1 spilled fewer
             values in the wgmma kernel at hd128 (6 against 18) until the store addresses
             were recomputed per block (step 14); since then -O3 spills none there and
@@ -71,6 +75,7 @@ class BackwardConfig:
     wgmma: bool = False
     producer_warp: bool = False
     lpt: bool = False
+    dq_first: bool = False
     ptxas_opt_level: int = 3
 
     def __post_init__(self) -> None:
@@ -109,6 +114,9 @@ class BackwardConfig:
                               "(block_n, block_m) of (128, 64) or (128, 128) (a warpgroup "
                               "per 64 key rows) or (64, 64) (the warpgroups split the head "
                               "dim)")
+        if self.dq_first and self.wgmma:
+            raise ConfigError("dq_first orders the mma.sync kernel's GEMMs (the wgmma kernel "
+                              "issues dQ between dV and dK already)")
         if self.producer_warp and not self.wgmma:
             raise ConfigError("producer_warp needs wgmma (the TMA ring feeds warpgroup MMAs)")
         wm = self.dq_warps[0]
@@ -175,6 +183,8 @@ class BackwardConfig:
             flags.append("producer_warp")
         if self.lpt:
             flags.append("lpt")
+        if self.dq_first:
+            flags.append("dq_first")
         if self.split_head_dim:
             flags.append("split_d")
         flags.append(f"q_stages_{self.q_stages}")
@@ -258,6 +268,20 @@ def default_backward(head_dim: int, arch: str = "sm_80", varlen: bool = False,
         raise ConfigError(f"no backward tile at head_dim={head_dim} fits the shared memory "
                           f"of {arch} ({SMEM_CAPACITY.get(arch)} bytes); it serves "
                           f"{backward_head_dims(arch)} there")
+    return config
+
+
+def mma_sync_backward_for(arch: str, head_dim: int, windowed: bool = False,
+                          dtype: str = "bfloat16") -> BackwardConfig:
+    """The ``mma.sync`` backward measured best on ``arch`` for dense batches: the sm_80
+    default plus, on Hopper (the sm80 path of an H100), FA2's GEMM order (``dq_first``)
+    where it measured faster: hd64, and hd128 without a mask in bf16 (in fp16 it spills 3
+    values there and measured 1-3 % slower; hd128's masked kernel, at -O1, 1-4 % slower).
+    On sm_80 itself the order was not measured and stays (at hd128 it spills there)."""
+    config = default_backward(head_dim, "sm_80", windowed=windowed)
+    if arch.startswith("sm_9") and (head_dim != 128 or (dtype == "bfloat16"
+                                                        and not windowed)):
+        config = config.replace(dq_first=True)
     return config
 
 

@@ -400,24 +400,35 @@ class BackwardKernel(AttentionKernel):
         """dq_accum's tile ``gdQ`` += this thread's part of dS K_j: ``red.global.add.f32``
         per element, or per pair of neighbouring columns on sm_90 (``.v2``: a warp's
         instruction then fills whole 32-byte sectors, half the reduce instructions and L2
-        operations; rows at or past ``rows_left`` left alone)."""
+        operations; rows at or past ``rows_left`` left alone, every row when it is None: a
+        query block inside the sequence, whose adds then need no branch and can go out
+        between the next GEMM's MMAs)."""
         tdQgdQ = self.tiled_mmas_of(ops)[-1].get_slice(tidx).partition_C(gdQ)
         # An MMA accumulator's values come in pairs of neighbouring columns.
         step = 2 if self.paired_reduce else 1
         for i in cutlass.range_constexpr(0, cute.size(acc_dQ), step):
-            if tdQcdQ[i][0] < rows_left:
-                value = acc_dQ[i]
-                if cutlass.const_expr(step == 2):
-                    pair = cute.make_rmem_tensor((2,), cutlass.Float32)
-                    pair[0], pair[1] = acc_dQ[i], acc_dQ[i + 1]
-                    value = pair.load().ir_value()
-                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), value,
-                              op="add", dtype="f32", sem="relaxed", scope="gpu")
+            if cutlass.const_expr(rows_left is None):
+                self._reduce_add(acc_dQ, tdQgdQ, i, step)
+            elif tdQcdQ[i][0] < rows_left:
+                self._reduce_add(acc_dQ, tdQgdQ, i, step)
+
+    @cute.jit
+    def _reduce_add(self, acc_dQ: cute.Tensor, tdQgdQ: cute.Tensor, i: cutlass.Constexpr,
+                    step: cutlass.Constexpr):
+        """``red.global.add.f32`` of value ``i`` of dQ (and with ``step`` 2 its neighbour)."""
+        value = acc_dQ[i]
+        if cutlass.const_expr(step == 2):
+            pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+            pair[0], pair[1] = acc_dQ[i], acc_dQ[i + 1]
+            value = pair.load().ir_value()
+        cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), value, op="add",
+                      dtype="f32", sem="relaxed", scope="gpu")
 
     def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
-                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds, finish_dq) -> None:
         """dV_j += P^T dO_i and dK_j += dS^T Q_i, dS^T into its shared tile ``ds_stage``
-        (``store_ds``), and dQ_i = dS K_j, returned; dK and dV may still be in flight until
+        (``store_ds``), and dQ_i = dS K_j, handed to ``finish_dq`` (which adds it to
+        dq_accum) once it has landed; dK and dV may still be in flight until
         ``block_done``."""
         raise NotImplementedError
 
@@ -531,20 +542,25 @@ class BackwardKernel(AttentionKernel):
             # dS^T's and dQ's store addresses recomputed in each block, not held (spilled)
             # across it: hd64 25 -> 1 spilled values, +6 to +11 % (step 14).
             tidx = per_iteration(tidx, m_block)
-        acc_dQ = self.gemm_dkv_dq(
-            ops, stage, ds_stage, rP, rdS, acc_dK, acc_dV,
-            lambda: store_fragment(rdS, sdS[None, None, ds_stage], mmas[0], tidx,
-                                   matrices=cfg.wgmma))
+        turns = []
 
-        # dQ_i added to dq_accum (in block order when deterministic).
-        acc_dQ.store(acc_dQ.load() * softmax_scale)
-        gdQ = self.dq_tile(mdQacc, loads, batch, q_start, head, m_block)
-        turn = None
-        if cutlass.const_expr(self.deterministic):
-            turn = self._await_turn(mSem, seqs, mQ.shape[2], head, m_block, query0,
-                                    seqlen_q, seqlen_k, window_left, window_right, n_block,
-                                    tidx)
-        self.add_dq(ops, acc_dQ, gdQ, tdQcdQ, seqlen_q - query0, tidx)
+        def finish_dq(acc_dQ: cute.Tensor) -> None:
+            # dQ_i added to dq_accum (in block order when deterministic).
+            acc_dQ.store(acc_dQ.load() * softmax_scale)
+            gdQ = self.dq_tile(mdQacc, loads, batch, q_start, head, m_block)
+            if cutlass.const_expr(self.deterministic):
+                turns.append(self._await_turn(mSem, seqs, mQ.shape[2], head, m_block,
+                                              query0, seqlen_q, seqlen_k, window_left,
+                                              window_right, n_block, tidx))
+            # Only the masked phases hold query blocks that run past the sequence; with
+            # dq_first, unchecked adds can go out between dK's MMAs (in the other order,
+            # the checks' branches keep ptxas from hoisting their addresses: no spills).
+            rows_left = None if cfg.dq_first and not masked else seqlen_q - query0
+            self.add_dq(ops, acc_dQ, gdQ, tdQcdQ, rows_left, tidx)
+
+        self.gemm_dkv_dq(ops, stage, ds_stage, rP, rdS, acc_dK, acc_dV,
+                         lambda: store_fragment(rdS, sdS[None, None, ds_stage], mmas[0], tidx,
+                                                matrices=cfg.wgmma), finish_dq)
         self.block_done()
         if cutlass.const_expr(cfg.producer_warp):
             pipe.consumer_release(state)
@@ -554,7 +570,8 @@ class BackwardKernel(AttentionKernel):
             cute.arch.fence_acq_rel_gpu()
             self.consumers_sync()
             if tidx == 0:
-                cute.arch.store(turn, cutlass.Int32(n_block + 1), sem="release", scope="gpu")
+                cute.arch.store(turns[0], cutlass.Int32(n_block + 1), sem="release",
+                                scope="gpu")
 
     @cute.jit
     def _await_turn(self, mSem: cute.Tensor, seqs: tuple, num_heads, head, m_block, query0,

@@ -119,30 +119,43 @@ class FlashBackwardSm80(BackwardKernel):
         return acc_S, acc_dP
 
     def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
-                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds, finish_dq) -> None:
         """dV += P^T dO, dS^T to shared memory (``store_ds``; one tile, ``ds_stage`` 0),
-        dK += dS^T Q, then dQ = dS K once every warp's dS^T has landed. With
-        ``split_head_dim``: P^T and dS^T stored, the barrier, then dV and dK with A read
-        back by ``ldmatrix``, then dQ."""
+        dK += dS^T Q, then dQ = dS K once every warp's dS^T has landed, handed to
+        ``finish_dq``; with ``dq_first`` dK comes last, so that dQ's adds go out between
+        its MMAs. With ``split_head_dim`` P^T and dS^T are stored before the barrier and
+        dV's and dK's A read back by ``ldmatrix``."""
         (mma_kv, mma_dq), _, thr_dq, parts, (storage, tidx) = ops
         (tdOt, ldOt), (tQt, lQt) = parts[4], parts[5]
-        if cutlass.const_expr(self.cfg.split_head_dim):
-            (tP, lP), (tdS_a, ldS_a) = parts[8], parts[9]
+        (tdS, ldS), (tKt, lKt) = parts[6], parts[7]
+        split = self.cfg.split_head_dim
+
+        def dk():
+            if cutlass.const_expr(split):
+                tdS_a, ldS_a = parts[9]
+                gemm(mma_kv, acc_dK, tdS_a, tQt, ldS_a, self._staged(lQt, stage), FRAGS,
+                     FRAGS, True)
+            else:
+                gemm(mma_kv, acc_dK, acc_as_operand_a(rdS), tQt, None,
+                     self._staged(lQt, stage), 0, FRAGS, True)
+
+        if cutlass.const_expr(split):
             store_ds()
             store_fragment(rP, storage.sP.get_tensor(self.smem_layouts()[2])[None, None, 0],
                            mma_kv, tidx)
             self.smem_to_mma()
+            tP, lP = parts[8]
             gemm(mma_kv, acc_dV, tP, tdOt, lP, self._staged(ldOt, stage), FRAGS, FRAGS, True)
-            gemm(mma_kv, acc_dK, tdS_a, tQt, ldS_a, self._staged(lQt, stage), FRAGS, FRAGS,
-                 True)
         else:
             gemm(mma_kv, acc_dV, acc_as_operand_a(rP), tdOt, None, self._staged(ldOt, stage),
                  0, FRAGS, True)
             store_ds()
-            gemm(mma_kv, acc_dK, acc_as_operand_a(rdS), tQt, None, self._staged(lQt, stage),
-                 0, FRAGS, True)
+        if cutlass.const_expr(not self.cfg.dq_first):
+            dk()
+        if cutlass.const_expr(not split):
             self.smem_to_mma()
-        (tdS, ldS), (tKt, lKt) = parts[6], parts[7]
         acc = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         gemm(mma_dq, acc, tdS, tKt, ldS, lKt, FRAGS, FRAGS, True)
-        return acc
+        finish_dq(acc)
+        if cutlass.const_expr(self.cfg.dq_first):
+            dk()

@@ -281,11 +281,11 @@ class FlashBackwardSm90(BackwardKernel):
         return acc_S, acc_dP
 
     def gemm_dkv_dq(self, ops: tuple, stage, ds_stage, rP: cute.Tensor, rdS: cute.Tensor,
-                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds) -> cute.Tensor:
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, store_ds, finish_dq) -> None:
         """dV += P^T dO issued, dS^T stored while it runs, the barrier, dQ = dS K issued,
-        then dK += dS^T Q once dV is done; returns once dQ has landed, dK still running
-        (``block_done`` waits for it). With ``split_head_dim``: P^T and dS^T stored, the
-        barrier, then dV, dQ and dK from shared memory."""
+        then dK += dS^T Q once dV is done; dQ to ``finish_dq`` once it has landed, dK still
+        running (``block_done`` waits for it). With ``split_head_dim``: P^T and dS^T
+        stored, the barrier, then dV, dQ and dK from shared memory."""
         (mma_s, mma_dkv, mma_dq), (_, _, thr_dq), frags, _, shared_a = ops
         acc_dQ = self._new_acc(thr_dq, (self.cfg.block_m, self.head_dim))
         if cutlass.const_expr(self.cfg.split_head_dim):
@@ -300,7 +300,8 @@ class FlashBackwardSm90(BackwardKernel):
             wgmma_gemm(mma_dkv, acc_dK, tdS[None, None, None, ds_stage],
                        frags[5][None, None, None, stage], zero_init=False, wait=False)
             warpgroup.wait_group(1)
-            return acc_dQ
+            finish_dq(acc_dQ)
+            return
         wgmma_gemm(mma_dkv, acc_dV, acc_as_wgmma_operand_a(rP),
                    frags[4][None, None, None, stage], zero_init=False, wait=False)
         store_ds()
@@ -311,7 +312,7 @@ class FlashBackwardSm90(BackwardKernel):
         wgmma_gemm(mma_dkv, acc_dK, acc_as_wgmma_operand_a(rdS),
                    frags[5][None, None, None, stage], zero_init=False, wait=False)
         warpgroup.wait_group(1)
-        return acc_dQ
+        finish_dq(acc_dQ)
 
     def block_done(self) -> None:
         warpgroup.wait_group(0)
