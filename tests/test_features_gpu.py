@@ -412,6 +412,20 @@ def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
     check_dense(q, k, v, window=(-1, 0), config=config)
 
 
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_sm80_path_causal_hd128_forward_on_its_persistent_grid(dtype):
+    """The mma.sync default on Hopper at causal hd128 (the sm80 path's forward: TMA ring,
+    persistent grid): more tiles than CTAs, tails in both sequences, GQA."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm_90 family's mma.sync default")
+    config = policy.mma_sync_default_for("sm_90a", 128, True, str(dtype).removeprefix("torch."))
+    assert config.persistent and config.tma_kv_loads
+    q, k, v = dense_inputs(2, 1999, 2011, 16, 4, 128, dtype, seed=29)
+    check_dense(q, k, v, window=(-1, 0), config=config)
+    q, k, v = dense_inputs(1, 100, 333, 2, 1, 128, dtype, seed=30)
+    check_dense(q, k, v, window=(-1, 0), config=config)
+
+
 @pytest.mark.parametrize("head_dim,knobs", [(64, {}), (128, {}), (128, {"kv_stages": 2}),
                                             (256, {})],
                          ids=["hd64", "hd128-o-in-q", "hd128-o-apart", "hd256"])
