@@ -57,8 +57,8 @@ class BackwardConfig:
             the short ones fill the grid's tail.
         dq_first: mma.sync, FA2's order of the last three GEMMs: dV, then dQ = dS K and its
             reduce-adds, then dK, so the adds go out between dK's MMAs instead of after the
-            last GEMM (+2 to +9 % forward + backward on an H100 at hd64 and plain hd128,
-            ``docs/backward.md`` step 20).
+            last GEMM (forward + backward on an H100: +2 to +9 % at hd64, 0 to +3 % at bf16
+            hd128 without a mask; ``docs/backward.md`` step 20).
         ptxas_opt_level: the ``ptxas -O`` level (the forward's knob): -O1 spilled fewer
             values in the wgmma kernel at hd128 (6 against 18) until the store addresses
             were recomputed per block (step 14); since then -O3 spills none there and

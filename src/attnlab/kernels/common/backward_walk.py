@@ -542,7 +542,7 @@ class BackwardKernel(AttentionKernel):
             # dS^T's and dQ's store addresses recomputed in each block, not held (spilled)
             # across it: hd64 25 -> 1 spilled values, +6 to +11 % (step 14).
             tidx = per_iteration(tidx, m_block)
-        turns = []
+        turns = []  # the deterministic turn's counter, released below
 
         def finish_dq(acc_dQ: cute.Tensor) -> None:
             # dQ_i added to dq_accum (in block order when deterministic).
