@@ -60,16 +60,16 @@ def forward(impl: str, q, k, v, causal: bool) -> torch.Tensor:
 
 
 def sm80_backward(q, k, v, do, causal: bool):
-    """attnlab's ``mma.sync`` backward (the sm_80 default config) on this GPU, called
-    directly (autograd picks the sm_90a kernel here)."""
+    """attnlab's ``mma.sync`` backward as the sm80 path runs it on this GPU
+    (``mma_sync_backward_for``), called directly (autograd picks the sm_90a kernel here)."""
     import attnlab
     from attnlab import backward
-    from attnlab.backward_config import default_backward
+    from attnlab.backward_config import mma_sync_backward_for
 
     scale = 1 / math.sqrt(q.shape[-1])
     out, lse = attnlab.attention(q, k, v, softmax_scale=scale, causal=causal,
                                  return_lse=True)
-    config = default_backward(q.shape[-1], "sm_80", windowed=causal)
+    config = mma_sync_backward_for("sm_90a", q.shape[-1], causal, "bfloat16")
     return lambda: backward.attention_backward(
         do, q, k, v, out, lse, None, None, None, None, None, scale,
         (-1, 0) if causal else (-1, -1), config=config)

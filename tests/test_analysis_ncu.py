@@ -59,6 +59,9 @@ def test_source_page_gives_stall_reasons_and_the_worst_instructions():
         '"0x7f30","LDGSTS.E.BYPASS.128 [R2], desc[UR4][R6.64]","1,500","0","1,400","7","100"',
         '"0x7f40","EXIT","0","0","0","0","0"',
     ])
+    # A second launch of the same kernel (FA2's backward profiled by name) is left out.
+    second = text.splitlines()
+    text += "\n" + "\n".join(second[:2] + [second[2].replace('"120"', '"9,999"')])
     report = parse_source_csv(text, "attnlab", top=8)
     assert report.total == 1920
     assert dict(report.by_reason) == {"stall_long_sb": 1420, "stall_barrier": 290,

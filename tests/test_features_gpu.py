@@ -485,7 +485,7 @@ def test_wgmma_dynamic_tiles(head_dim, knobs, window):
 @pytest.mark.parametrize("window", [(-1, 0), (64, 0)], ids=["causal", "win"])
 def test_longest_first_over_l2_sections(kernel, window):
     """``lpt``: a one-dimensional grid walked longest first over sections of heads (GQA
-    groups whole, the last section narrower); dense with tails, and packed sequences (whose
+    groups whole, the narrower section first); dense with tails, and packed sequences (whose
     sections are sized from the average sequence)."""
     if kernel == "wgmma":
         if torch.cuda.get_device_capability() != (9, 0):
@@ -494,9 +494,9 @@ def test_longest_first_over_l2_sections(kernel, window):
     else:
         config = ladder.NAMED["persistent" if kernel.endswith("persistent") else "k16"]
     config = config.replace(lpt=True)
-    # 12 query heads over 4 K/V heads of 45k keys (23 MB each): a section is one group of
-    # three query heads (L2 holds one K/V head), four sections.
-    q, k, v = dense_inputs(1, 300, 45_000, 12, 4, 128, torch.bfloat16, seed=8)
+    # 15 query heads over 5 K/V heads of 30k keys (15 MB each): a section is two groups of
+    # three query heads (40 MiB hold two K/V heads), the one group left over first.
+    q, k, v = dense_inputs(1, 300, 30_000, 15, 5, 128, torch.bfloat16, seed=8)
     check_dense(q, k, v, window=window, config=config)
     q, k, v = dense_inputs(3, 333, 517, 8, 2, 128, torch.bfloat16, seed=9)
     check_dense(q, k, v, window=window, config=config)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,16 +72,18 @@ def test_by_head_order_keeps_a_heads_row_blocks_together(m_blocks, seqs, heads, 
        section=st.integers(1, 7))
 def test_masked_order_is_longest_first_per_l2_section(m_blocks, seqs, heads, section):
     """Each section's pairs run row block by row block, the last (longest) first; sections
-    cover consecutive (sequence, head) pairs, head fastest; every tile once."""
+    cover consecutive (sequence, head) pairs, head fastest, the narrower one (pairs left
+    over) first; every tile once."""
     scheduler = TileScheduler(m_blocks, seqs, heads, persistent=False, windowed=True,
                               lpt=True, section=section)
     assert scheduler.grid() == (m_blocks * seqs * heads, 1, 1)
     in_order = [scheduler.coords(t) for t in range(scheduler.num_tiles())]
     assert sorted(in_order) == every_tile(m_blocks, seqs, heads)
     pairs = [s * heads + h for _, s, h in in_order]
+    total = seqs * heads
     start = 0
     while start < len(in_order):
-        width = min(section, seqs * heads - pairs[start])
+        width = section if start else total - (-(-total // section) - 1) * section
         chunk = in_order[start:start + width * m_blocks]
         assert [m for m, _, _ in chunk] == [m for m in reversed(range(m_blocks))
                                             for _ in range(width)]
@@ -154,3 +158,27 @@ def test_the_kernels_block_range_is_the_hosts(row0, seqlen_q, seqlen_k, left, ri
     ``tile_order.kv_block_range`` give the same blocks."""
     args = (row0, seqlen_q, seqlen_k, left, right, 128, 80, windowed)
     assert mask.kv_block_range(*args) == tile_order.kv_block_range(*args)
+
+
+def dispatch_makespan(scheduler: TileScheduler, slots: int, work) -> float:
+    """The hardware's dispatch of a one-CTA-per-tile launch, modelled greedily: tiles in
+    grid order, each to the slot that frees first; the last slot's finish time over the
+    average (1.0: no tail)."""
+    free = [0.0] * slots
+    total = 0.0
+    for t in range(scheduler.num_tiles()):
+        length = work(scheduler.coords(t)[0])
+        total += length
+        heapq.heappush(free, heapq.heappop(free) + length)
+    return max(free) * slots / total
+
+
+def test_the_narrow_section_first_leaves_no_tail():
+    """The causal backward at hd128 seq 8k (32 pairs of 64 K/V blocks, K/V block j seeing
+    128 - 2j query blocks; sections of 5 pairs, 2 left over) and seq 2k (128 pairs of 16,
+    sections of 20) on 132 SMs: within 2 % of an even split. With the two pairs last the
+    model (and ncu's SM-active cycles, 94.3 % of the elapsed) put the tail at 5.7 %."""
+    for blocks, pairs, section in ((64, 32, 5), (16, 128, 20)):
+        scheduler = TileScheduler(blocks, 1, pairs, persistent=False, windowed=True,
+                                  lpt=True, section=section, first_is_longest=True)
+        assert dispatch_makespan(scheduler, 132, lambda n, b=blocks: 2 * (b - n)) < 1.02

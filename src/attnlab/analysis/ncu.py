@@ -223,10 +223,15 @@ def _count(text: str) -> int:
 def parse_source_csv(text: str, impl: str = "", top: int = 16) -> StallReport:
     """``ncu -i REP --page source --csv --print-source sass``: per SASS line its samples
     (``Warp Stall Sampling (All Samples)``) and per-reason counts (``stall_*`` columns, the
-    not-issued duplicates left out)."""
+    not-issued duplicates left out), of the report's first launch."""
     rows = [r for r in csv.reader(io.StringIO(text)) if r]
     start = next(i for i, r in enumerate(rows) if SAMPLES_COLUMN in r)
-    header, data = rows[start], rows[start + 1:]
+    # A report of several launches repeats the name row and the header per launch: the
+    # first launch's lines end at the next name row.
+    header = rows[start]
+    end = next((i for i in range(start + 1, len(rows)) if len(rows[i]) != len(header)),
+               len(rows))
+    data = rows[start + 1:end]
     samples = header.index(SAMPLES_COLUMN)
     reasons = [i for i, name in enumerate(header)
                if name.startswith("stall_") and "Not Issued" not in name]

@@ -25,8 +25,9 @@ The launch order depends on the mask:
   launch, not only within a head, so the short tiles fill the grid's tail (the
   longest-processing-time rule). The (sequence, head) pairs are cut into *L2 sections* of as
   many heads as keep their K and V in L2 together; a section's tiles go row block by row
-  block, longest first, each over all the section's heads (FA3's LPT order). The grid is one
-  dimension.
+  block, longest first, each over all the section's heads (FA3's LPT order); when the pairs
+  leave a narrower section, it goes first (last, its longest tiles made the launch's tail).
+  The grid is one dimension.
 """
 
 import cutlass
