@@ -28,6 +28,10 @@
 #            peers at issue 20's anchor shapes
 #   bwdsweep backward-kernel candidates against the peers' backward (scripts/bwd_candidates.py;
 #            later arguments go to it)
+#   bwdab REV [ARGS]  backward candidates (scripts/bwd_candidates.py ARGS, e.g. --work
+#            forward+backward --variants default,sm80 --masks causal) with the source tree in
+#            .ab/REV (carried, as for ab) and with this one, each in its own process and kernel
+#            cache, twice
 #   bwdprof [--points HD,SEQ,CAUSAL ...]  where the backward's time goes, attnlab against FA4
 #            (scripts/bwd_profile.py: the kernels of one autograd backward, ncu of each)
 #   decode   the decoding GPU tests, then attnlab bench --decode over issue 21's grid in three
@@ -106,6 +110,16 @@ case $mode in
         PYTHONPATH=$src:${PYTHONPATH:-} ATTNLAB_CACHE_DIR=/tmp/attnlab-kernels-$tree \
           python3 scripts/ab_forward.py --label "$tree" --out "$OUT/$round" "${@:3}" 2>&1 \
           | grep -v Warning | tee -a "$log"
+      done
+    done
+    ;;
+  bwdab)
+    for round in 1 2; do
+      for tree in "$2" this; do
+        src=$PWD/src; [ "$tree" = this ] || src=$PWD/.ab/$tree/src
+        PYTHONPATH=$src:${PYTHONPATH:-} ATTNLAB_CACHE_DIR=/tmp/attnlab-kernels-$tree \
+          python3 scripts/bwd_candidates.py --out "$OUT/$tree-$round" "${@:3}" 2>&1 \
+          | grep -v "Warning\|exe_args" | sed "s/^/$tree: /" | tee -a "$log"
       done
     done
     ;;
@@ -200,5 +214,5 @@ case $mode in
       attnlab profile default --shape "$shape" --causal --peers sdpa_cudnn,fa4 --out "$OUT"
     done
     ;;
-  *) echo "unknown mode $mode (test|bench|backward|sm80path|decode|bwdprof|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
+  *) echo "unknown mode $mode (test|bench|backward|sm80path|decode|bwdab|bwdprof|bwdsweep|sm90|table|hopper|ladder|gemm|gemmhost|gemmtune|sparse|conv|study|sweep|fastudy|frontends|explain|profile|dechost|ab|dynamic|narrow)"; exit 2 ;;
 esac
