@@ -103,23 +103,19 @@ case $mode in
   dechost)
     python3 scripts/decode_host.py --out "$OUT/dechost" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
-  ab)
+  ab|bwdab)
+    # Each tree in its own process and kernel cache; the forward's A/B labels its own rows.
     for round in 1 2; do
       for tree in "$2" this; do
         src=$PWD/src; [ "$tree" = this ] || src=$PWD/.ab/$tree/src
+        if [ "$mode" = ab ]; then
+          run=(scripts/ab_forward.py --label "$tree" --out "$OUT/$round"); label=
+        else
+          run=(scripts/bwd_candidates.py --out "$OUT/$tree-$round"); label="$tree: "
+        fi
         PYTHONPATH=$src:${PYTHONPATH:-} ATTNLAB_CACHE_DIR=/tmp/attnlab-kernels-$tree \
-          python3 scripts/ab_forward.py --label "$tree" --out "$OUT/$round" "${@:3}" 2>&1 \
-          | grep -v Warning | tee -a "$log"
-      done
-    done
-    ;;
-  bwdab)
-    for round in 1 2; do
-      for tree in "$2" this; do
-        src=$PWD/src; [ "$tree" = this ] || src=$PWD/.ab/$tree/src
-        PYTHONPATH=$src:${PYTHONPATH:-} ATTNLAB_CACHE_DIR=/tmp/attnlab-kernels-$tree \
-          python3 scripts/bwd_candidates.py --out "$OUT/$tree-$round" "${@:3}" 2>&1 \
-          | grep -v "Warning\|exe_args" | sed "s/^/$tree: /" | tee -a "$log"
+          python3 "${run[@]}" "${@:3}" 2>&1 | grep -v "Warning\|exe_args" \
+          | sed "s/^/$label/" | tee -a "$log"
       done
     done
     ;;
