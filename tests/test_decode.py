@@ -19,7 +19,7 @@ from attnlab.kernels.abi import (
     DecodeSpec,
     spec_from_dict,
 )
-from attnlab.kernels.common.decode import FlashDecode
+from attnlab.kernels.common.decode import THREADS, FlashDecode
 
 
 def test_launch_abi_is_spelled_out_once():
@@ -54,7 +54,8 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
 COMPILED = [("sm_80", 64, {}), ("sm_80", 128, {"paged": True, "windowed": True}),
             ("sm_90a", 128, {"split": True, "batch_idx": True, "kv_stages": 3}),
             ("sm_90a", 256, {"paged": True, "split": True, "keys_per_warp": 16}),
-            ("sm_90a", 96, {"windowed": True})]
+            ("sm_90a", 96, {"windowed": True}),
+            ("sm_90a", 128, {"paged": True, "split": True, "v_strides": True})]
 
 
 @pytest.mark.parametrize("arch, head_dim, knobs", COMPILED)
@@ -75,6 +76,23 @@ def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
     assert in_code < ops["LDGSTS"] <= in_code + 4
     res = read_resources(art.cubin, text)
     assert not res.spills and res.registers <= 255, res
+
+
+def test_k_and_v_share_a_rows_offset_where_their_strides_agree(tmp_path):
+    """A paged row's offset (page entry x page stride + row x row stride, 64-bit: at least
+    two IMADs) is computed once for K and V unless ``v_strides``: V's own costs at least two
+    IMADs more per row a thread copies, at each of the block's copy sites (the prologue's
+    ``kv_stages - 1`` and the loop's one)."""
+    ops = {}
+    for own in (False, True):
+        spec = DecodeSpec("sm_90a", "bfloat16", 128, paged=True, split=True, v_strides=own)
+        art = compile_spec(spec, tmp_path / str(own))
+        ops[own] = histogram(parse(disassemble(art.cubin)))
+    # 8 threads copy a row's 64-column swizzle atom (16 bytes each), so a 128-key block
+    # is 8 rows per thread.
+    rows_per_thread = 128 // (THREADS // 8)
+    assert ops[True]["IMAD"] - ops[False]["IMAD"] >= 2 * rows_per_thread * 2
+    assert ops[True]["LDGSTS"] == ops[False]["LDGSTS"]
 
 
 @pytest.mark.parametrize("head_dim", [96, 128, 256])

@@ -159,6 +159,37 @@ def test_paged_and_contiguous_caches_agree():
         assert torch.equal(paged, dense)
 
 
+@pytest.mark.parametrize("layout", ["packed_kv", "v_padded"])
+@pytest.mark.parametrize("page_size", [None, 32])
+def test_caches_with_their_own_strides(layout, page_size):
+    """K and V as views of one packed [.., .., 2, Hkv, D] tensor (equal strides, so the
+    kernel computes each row's offset once for both), and a V whose rows are padded (its
+    strides differ from K's: ``DecodeSpec.v_strides``)."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    dt = torch.bfloat16
+    batch, capacity, heads_kv, head_dim = 3, 600, 4, 128
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
+                                         page_size)
+    if layout == "packed_kv":
+        kv = torch.stack([k_cache, v_cache], dim=2)
+        k_cache, v_cache = kv[:, :, 0], kv[:, :, 1]
+    else:
+        padded = randn(*v_cache.shape[:-1], head_dim + 8, dtype=dt, gen=gen)
+        padded[..., :head_dim] = v_cache
+        v_cache = padded[..., :head_dim]
+    assert (v_cache.stride()[:2] != k_cache.stride()[:2]) == (layout == "v_padded")
+    lengths = [600, 1, 257]
+    q = randn(batch, 1, 16, head_dim, dtype=dt, gen=gen)
+    for splits in (1, 3):
+        out, lse = attnlab.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32,
+                                                            device="cuda"),
+            block_table=table, num_splits=splits, return_lse=True)
+        ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, (-1, -1),
+                                         head_dim ** -0.5)
+        check(out, lse, ref_out, ref_lse, dt, f"{layout} pages={page_size} splits={splits}")
+
+
 def test_cache_batch_idx_selects_cache_rows():
     gen = torch.Generator(device="cuda").manual_seed(13)
     dt = torch.bfloat16

@@ -152,8 +152,8 @@ def attention_with_kvcache(
                                        block_table=block_table, softmax_scale=softmax_scale,
                                        causal=causal, window_size=window_size,
                                        num_splits=num_splits, out=out)
-        call = _DecodeCall(q, k_cache, k, block_table, cache_batch_idx is not None, problem,
-                           num_splits)
+        call = _DecodeCall(q, k_cache, v_cache, k, block_table, cache_batch_idx is not None,
+                           problem, num_splits)
         if key is not None:
             remember(_calls, key, call)
         if check_cache:
@@ -226,9 +226,9 @@ class _DecodeCall:
     """One call signature's decoding: its kernels (built once), split count and scalars;
     a call appends, allocates the outputs and launches."""
 
-    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, k: torch.Tensor | None,
-                 block_table: torch.Tensor | None, batch_idx: bool, problem: tuple,
-                 num_splits: int):
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k: torch.Tensor | None, block_table: torch.Tensor | None, batch_idx: bool,
+                 problem: tuple, num_splits: int):
         info = device.info(q.device)
         batch, seqlen_q, heads_q, head_dim = q.shape
         heads_kv = k_cache.shape[2]
@@ -245,7 +245,8 @@ class _DecodeCall:
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
-                          self.splits > 1, keys_per_warp, stages)
+                          self.splits > 1, keys_per_warp, stages,
+                          v_cache.stride()[:2] != k_cache.stride()[:2])
         self.decode = kernel_cache.get(spec).fn
         self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
                         if self.splits > 1 else None)

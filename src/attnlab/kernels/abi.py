@@ -299,12 +299,13 @@ class DecodeSpec(FlatSpec):
     ``windowed``: a causal or sliding-window band; ``split``: it writes fp32 partial outputs
     and LSEs for the combine kernel instead of the output; ``keys_per_warp``: each warp's
     slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
-    the blocks in flight."""
+    the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
+    offset is computed for each (else K's serves both)."""
 
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
-        ("_split", "split"))
+        ("_split", "split"), ("_vstrides", "v_strides"))
 
     arch: str
     dtype: str
@@ -315,6 +316,7 @@ class DecodeSpec(FlatSpec):
     split: bool = False
     keys_per_warp: int = 32
     kv_stages: int = 2
+    v_strides: bool = False
 
     @property
     def label(self) -> str:

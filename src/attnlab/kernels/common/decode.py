@@ -17,7 +17,8 @@ kernel is built for bandwidth, not for tensor-core rate.
 * **Gathered rows**: every K/V row is copied by ``cp.async`` from an address computed per
   row, so a paged cache (row ``p`` of sequence ``b`` lives at page ``block_table[b, p //
   page_size]``, row ``p % page_size``) and a contiguous one (``cache_batch_idx``) take the
-  same path; blocks of ``kv_stages`` are in flight while the warps compute.
+  same path; blocks of ``kv_stages`` are in flight while the warps compute. A row's offset
+  is computed once for K and V where their strides agree (``DecodeSpec.v_strides`` off).
 * **PDL** (programmatic dependent launch, sm_90): the kernel and the combine are launched
   before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
   before reading anything, so a launch's latency hides under the previous kernel's tail; a
@@ -233,22 +234,21 @@ class FlashDecode:
     @cute.jit
     def _locate(self, located: tuple, thr_load, t: DecodeArgs, n_block, seqlen_k,
                 where: tuple):
-        """(outer, inner) cache indices of this thread's rows of block ``n_block``: key
-        ``p`` of a paged cache sits at row ``p % page_size`` of page ``block_table[batch, p
-        // page_size]`` (the table is read only for keys of the sequence), of a contiguous
-        one at row ``p`` of cache row ``cache_row``."""
-        batch, cache_row, _, _, pages = where
-        outer, inner = located
+        """(page, row) of this thread's rows of block ``n_block``: key ``p`` of a paged cache
+        sits at row ``p % page_size`` of page ``block_table[batch, p // page_size]`` (the
+        table is read only for keys of the sequence), of a contiguous one at row ``p`` of
+        the sequence's cache row, which ``_load_block`` puts in the base (no page)."""
+        batch, _, _, _, pages = where
+        page, row = located
         coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
-        for m in cutlass.range_constexpr(cute.size(outer)):
+        for m in cutlass.range_constexpr(cute.size(row)):
             p = n_block * self.block_n + coord[0, m, 0][0]
-            outer[m] = cache_row
-            inner[m] = p
+            row[m] = p
             if cutlass.const_expr(self.spec.paged):
-                page, inner[m] = divmod(p, pages)
-                outer[m] = 0
+                index, row[m] = divmod(p, pages)
+                page[m] = 0
                 if p < seqlen_k:
-                    outer[m] = t.block_table[batch, page]
+                    page[m] = t.block_table[batch, index]
 
     @cute.jit
     def _load_block(self, located: tuple, thr_load, gmem_load: cute.TiledCopy,
@@ -256,15 +256,24 @@ class FlashDecode:
                     where: tuple):
         """Start copying K/V block ``n_block`` (rows ``_locate``d) into ring stage
         ``stage``, zeros past the sequence."""
-        head_kv = where[2]
-        outer, inner = located
+        _, cache_row, head_kv, _, _ = where
+        page, row = located
         coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
-        for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
-            dst = thr_load.partition_D(smem[None, None, stage])
-            for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        # A contiguous cache's row of the sequence is the same for every key: in the base.
+        first = 0 if cutlass.const_expr(self.spec.paged) else cache_row
+        for m in cutlass.range_constexpr(cute.size(row)):
+            # One key offset for both tensors where their strides agree (the common case:
+            # two caches of one shape): half the per-row address arithmetic.
+            at = (page[m] if cutlass.const_expr(self.spec.paged) else 0, row[m], 0, 0)
+            offset = cute.crd2idx(at, t.k_cache.layout)
+            for cache, smem in ((t.k_cache, sK), (t.v_cache, sV)):
+                if cutlass.const_expr(self.spec.v_strides):
+                    offset = cute.crd2idx(at, cache.layout)
+                base = cache[first, 0, head_kv, None]
+                dst = thr_load.partition_D(smem[None, None, stage])
                 if n_block * self.block_n + coord[0, m, 0][0] < seqlen_k:
-                    self._copy_row(gmem_load, cache[outer[m], inner[m], head_kv, None], dst,
-                                   coord, m)
+                    self._copy_row(gmem_load, cute.make_tensor(base.iterator + offset,
+                                                               base.layout), dst, coord, m)
                 else:
                     dst[None, m, None].fill(0)
 
