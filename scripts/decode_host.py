@@ -2,7 +2,8 @@
 call's host side is 60 us against 17 us on the device).
 
 Usage (GPU): python scripts/decode_host.py [--out DIR]
-For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1, hd128 bf16: host microseconds per call
+For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1, hd128 bf16, on the contiguous cache and
+on its paged copy (``attnlab bench --decode``'s inputs): host microseconds per call
 (``bench.timing.host_us_per_call``: calls enqueued without waiting) of
 ``attention_with_kvcache`` whole, of SDPA flash on the same tensors (the FA2 peer), and of
 the call's parts in isolation: the signature lookup, the output's allocation, the
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
+import itertools
 import json
 import pstats
 from pathlib import Path
@@ -24,16 +27,19 @@ import torch
 
 import attnlab
 from attnlab import decode
+from attnlab.bench.decode import decode_sets
+from attnlab.bench.runner import Point
 from attnlab.bench.timing import host_us_per_call
 
 POINTS = ((1, 4096, 32, 8), (8, 4096, 32, 8), (1, 4096, 8, 1), (8, 4096, 8, 1))
 HEAD_DIM = 128
 
 
-def parts(q, k, v, seqlens) -> dict[str, float]:
-    """Host microseconds of each part of one call (the remembered call's own pieces)."""
+def parts(q, k, v, seqlens, table) -> dict[str, float]:
+    """Host microseconds of each part of one call (the remembered call's own pieces);
+    ``table``: the paged cache's block table (None: contiguous)."""
     whole = {"attention_with_kvcache": lambda i: attnlab.attention_with_kvcache(
-        q, k, v, cache_seqlens=seqlens)}
+        q, k, v, cache_seqlens=seqlens, block_table=table)}
     call = next(iter(decode._calls.values()))
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty_like(q)
@@ -42,20 +48,21 @@ def parts(q, k, v, seqlens) -> dict[str, float]:
                               dtype=torch.float32, device=q.device)
     partial_lse = torch.empty((call.splits * batch, heads_q, seqlen_q), dtype=torch.float32,
                               device=q.device)
-    sdpa_q, sdpa_k, sdpa_v = (t.transpose(1, 2) for t in (q, k, v))
     pieces = {
         **whole,
-        "sdpa_flash (FA2)": lambda i: torch.nn.functional.scaled_dot_product_attention(
-            sdpa_q, sdpa_k, sdpa_v, enable_gqa=True),
         "signature lookup": lambda i: decode._lookup(lambda: (
             decode._meta(q), decode._meta(k), decode._meta(v), None, None,
-            decode._meta(seqlens), None, None, None, (None, False, (-1, -1), 0))),
+            decode._meta(seqlens), None, decode._meta(table), None, (None, False, (-1, -1), 0))),
         "output allocation": lambda i: torch.empty_like(q, memory_format=torch.contiguous_format),
         "scratch lookup": lambda i: call.scratch(q),
-        "decode launch": lambda i: call.decode(q, k, v, seqlens, None, None, partial_out,
+        "decode launch": lambda i: call.decode(q, k, v, seqlens, None, table, partial_out,
                                                partial_lse, call.scale, call.left, call.right,
                                                call.splits),
     }
+    if table is None:
+        sdpa_q, sdpa_k, sdpa_v = (t.transpose(1, 2) for t in (q, k, v))
+        pieces["sdpa_flash (FA2)"] = lambda i: torch.nn.functional.scaled_dot_product_attention(
+            sdpa_q, sdpa_k, sdpa_v, enable_gqa=True)
     if call.combine is not None:
         pieces["combine launch"] = lambda i: call.combine(partial_out, partial_lse, out, lse,
                                                           call.splits)
@@ -70,23 +77,26 @@ def main() -> None:
     rows, profiles = [], []
     with torch.no_grad(), torch.nn.attention.sdpa_kernel(
             torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        for batch, keys, heads_q, heads_kv in POINTS:
+        for (batch, keys, heads_q, heads_kv), paged in itertools.product(POINTS, (False, True)):
             decode._calls.clear()
-            q = torch.randn(batch, 1, heads_q, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(batch, keys, heads_kv, HEAD_DIM, device="cuda",
-                                dtype=torch.bfloat16) for _ in range(2))
-            seqlens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
-            attnlab.attention_with_kvcache(q, k, v, cache_seqlens=seqlens)
-            label = f"B={batch} {keys} keys {heads_q}/{heads_kv}"
+            q, k, v, k_pages, v_pages, table, seqlens = decode_sets(
+                Point(batch, 1, keys, heads_q, HEAD_DIM, heads_kv=heads_kv), 1, paged=paged)[0]
+            if paged:
+                k, v = k_pages, v_pages
+
+            whole = functools.partial(attnlab.attention_with_kvcache, q, k, v,
+                                      cache_seqlens=seqlens, block_table=table)
+            whole()
+            label = f"B={batch} {keys} keys {heads_q}/{heads_kv}{' paged' if paged else ''}"
             row = {"point": label, "splits": next(iter(decode._calls.values())).splits,
-                   **parts(q, k, v, seqlens)}
+                   **parts(q, k, v, seqlens, table)}
             rows.append(row)
             print(label, " ".join(f"{n}={us:.1f}" for n, us in row.items()
                                   if isinstance(us, float)), flush=True)
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(2000):
-                attnlab.attention_with_kvcache(q, k, v, cache_seqlens=seqlens)
+                whole()
             profiler.disable()
             torch.cuda.synchronize()
             text = io.StringIO()

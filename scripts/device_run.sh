@@ -22,7 +22,8 @@
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
 #            against FA2, cuDNN and FA4, bf16 and fp16, beside the backward in the other GEMM order
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
-#            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA)
+#            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA, contiguous
+#            and paged)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
 #            peers at issue 20's anchor shapes
