@@ -184,7 +184,8 @@ def test_caches_with_their_own_strides(layout, page_size):
         out, lse = attnlab.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32,
                                                             device="cuda"),
-            block_table=table, num_splits=splits, return_lse=True)
+            block_table=table, num_splits=splits, return_lse=True,
+            out=torch.full_like(q, math.nan))
         ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, (-1, -1),
                                          head_dim ** -0.5)
         check(out, lse, ref_out, ref_lse, dt, f"{layout} pages={page_size} splits={splits}")
