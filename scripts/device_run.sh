@@ -24,6 +24,9 @@
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA, contiguous
 #            and paged)
+#   decspans the same points' back-to-back spans on the device's clock, contiguous and paged
+#            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
+#            timeline: each call's period, busy and idle time)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
 #            peers at issue 20's anchor shapes
@@ -103,6 +106,9 @@ case $mode in
     ;;
   dechost)
     python3 scripts/decode_host.py --out "$OUT/dechost" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  decspans)
+    python3 scripts/decode_spans.py --out "$OUT/decspans" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   ab|bwdab)
     # Each tree in its own process and kernel cache; the forward's A/B labels its own rows.
