@@ -1,15 +1,17 @@
 """Time decoding-kernel candidates (block keys, split counts, ring stages) on the GPU, device
 only.
 
-Usage (GPU): python scripts/decode_candidates.py [--combine] [--out DIR]
+Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged] [--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
 ``attention_with_kvcache`` picks) against 64-key blocks, other split counts and a deeper K/V
 ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
 round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
-split count (what the merge costs). ``--paged``: instead, the default on the contiguous cache
-against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page). Results go to
-OUT/decode_candidates.json.
+split count (what the merge costs). ``--merge``: instead, the combine kernel against the
+serial merge (the last split merges) at the default split count, contiguous and paged,
+device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
+contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page).
+Results go to OUT/decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ import torch
 from attnlab import device, kernel_cache
 from attnlab.bench.decode import decode_sets, kv_bytes
 from attnlab.bench.runner import Point
-from attnlab.bench.timing import sample_interleaved, summarize
+from attnlab.bench.timing import (
+    MAX_CALLS_PER_SPAN,
+    sample_back_to_back,
+    sample_interleaved,
+    summarize,
+)
 from attnlab.decode import choose_splits, decode_tile
 from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
 
@@ -35,15 +42,19 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 
 
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
-           combine: bool = True):
-    """One variant's call; ``combine``: a split decoding's partials merged."""
+           merge: str | None = "kernel"):
+    """One variant's call; ``merge``: how a split decoding's partials are merged (by the
+    combine ``"kernel"``, by the last split: ``"serial"``; None: not at all)."""
     info = device.info(torch.device("cuda"))
+    serial = merge == "serial" and splits > 1
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
-                      kpw, stages)
+                      kpw, stages, serial_merge=serial)
     decode = kernel_cache.get(spec).fn
-    merge = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
-             if combine else None)
+    combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
+               if merge == "kernel" else None)
     b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
+    counters = torch.zeros(b * point.kv_heads * math.ceil(hq // point.kv_heads * sq / 16),
+                           dtype=torch.int32, device="cuda")
     out = torch.empty(b, sq, hq, d, dtype=point.torch_dtype, device="cuda")
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
     part = torch.empty(splits * b, sq, hq, d, dtype=torch.float32, device="cuda")
@@ -54,14 +65,18 @@ def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw:
     def run(i):
         q, k, v, kp, vp, table, seqlens = sets[i]
         kc, vc = (kp, vp) if paged else (k, v)
+        table_ = table if paged else None
         if splits == 1:
-            decode(q, kc, vc, seqlens, None, table if paged else None, out, lse, scale, left,
-                   right, 1)
+            decode(q, kc, vc, seqlens, None, table_, out, lse, scale, left, right, 1, None,
+                   None, None)
+        elif serial:
+            decode(q, kc, vc, seqlens, None, table_, part, part_lse, scale, left, right, splits,
+                   out, lse, counters)
         else:
-            decode(q, kc, vc, seqlens, None, table if paged else None, part, part_lse, scale,
-                   left, right, splits)
-            if merge is not None:
-                merge(part, part_lse, out, lse, splits)
+            decode(q, kc, vc, seqlens, None, table_, part, part_lse, scale, left, right, splits,
+                   None, None, None)
+            if combine is not None:
+                combine(part, part_lse, out, lse, splits)
     return run
 
 
@@ -73,6 +88,9 @@ def main() -> None:
                         help="time the split decoding alone and with each combine")
     parser.add_argument("--paged", action="store_true",
                         help="time the default on the contiguous and on the paged cache")
+    parser.add_argument("--merge", action="store_true",
+                        help="time the combine kernel against the serial merge, contiguous "
+                             "and paged, device only and end to end")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     rows = []
@@ -89,7 +107,12 @@ def main() -> None:
                 for combine in (False, True):
                     name = "combine" if combine else "no combine"
                     variants[f"splits={splits} {name}"] = runner(
-                        point, sets, False, splits, stages, kpw, combine)
+                        point, sets, False, splits, stages, kpw, "kernel" if combine else None)
+        if args.merge:
+            for paged in (False, True):
+                for merge in ("kernel", "serial"):
+                    variants[f"{'paged' if paged else 'contiguous'} {merge}"] = runner(
+                        point, sets, paged, auto, stages, kpw, merge)
         # (keys per warp, stages, splits): the default, a stage deeper (three 128-key blocks
         # in flight: 198 KB of shared memory on sm_90), then 64-key blocks (half the shared
         # memory: two CTAs per SM) with as many and with twice the splits.
@@ -97,18 +120,26 @@ def main() -> None:
             for paged in (False, True):
                 variants["paged" if paged else "contiguous"] = runner(
                     point, sets, paged, auto, stages, kpw)
-        for kpw_, st, splits in (() if args.combine or args.paged else (
+        for kpw_, st, splits in (() if args.combine or args.paged or args.merge else (
                 (kpw, stages, auto), (kpw, stages + 1, auto), (16, 2, auto),
                 (16, 2, min(128, 2 * auto)), (16, 3, min(128, 2 * auto)),
                 (kpw, stages, max(1, auto // 2)))):
             variants[f"kpw={kpw_} stages={st} splits={splits}"] = runner(
                 point, sets, False, splits, st, kpw_)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
+        spans = (sample_back_to_back(variants, calls=dict.fromkeys(variants, MAX_CALLS_PER_SPAN),
+                                     rounds=args.runs, rotations=len(sets))
+                 if args.merge else {})
         line = [f"{point.label()} (auto splits {auto}):"]
         for name, ms in samples.items():
             gbs = kv_bytes(point) / (summarize(ms).median_ms * 1e-3) / 1e9
-            rows.append({"point": point.label(), "variant": name, "gbs": gbs})
+            row = {"point": point.label(), "variant": name, "gbs": gbs}
             line.append(f"{name} {gbs:.0f}")
+            if name in spans:
+                row["end_to_end_gbs"] = kv_bytes(point) / (summarize(spans[name]).median_ms
+                                                           * 1e-3) / 1e9
+                line[-1] += f" ({row['end_to_end_gbs']:.0f} e2e)"
+            rows.append(row)
         print("  ".join(line), flush=True)
         del sets
         torch.cuda.empty_cache()

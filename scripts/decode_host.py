@@ -48,6 +48,7 @@ def parts(q, k, v, seqlens, table) -> dict[str, float]:
                               dtype=torch.float32, device=q.device)
     partial_lse = torch.empty((call.splits * batch, heads_q, seqlen_q), dtype=torch.float32,
                               device=q.device)
+    merged = (out, lse, call.scratch(q)[-1]) if call.serial else (None, None, None)
     pieces = {
         **whole,
         "signature lookup": lambda i: decode._lookup(lambda: (
@@ -57,7 +58,7 @@ def parts(q, k, v, seqlens, table) -> dict[str, float]:
         "scratch lookup": lambda i: call.scratch(q),
         "decode launch": lambda i: call.decode(q, k, v, seqlens, None, table, partial_out,
                                                partial_lse, call.scale, call.left, call.right,
-                                               call.splits),
+                                               call.splits, *merged),
     }
     if table is None:
         sdpa_q, sdpa_k, sdpa_v = (t.transpose(1, 2) for t in (q, k, v))

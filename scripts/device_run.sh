@@ -24,6 +24,8 @@
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA, contiguous
 #            and paged)
+#   decmerge the decoding GPU tests, then the combine kernel against the serial merge
+#            (scripts/decode_candidates.py --merge: device only and end to end)
 #   decspans the same points' back-to-back spans on the device's clock, contiguous and paged
 #            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
 #            timeline: each call's period, busy and idle time)
@@ -106,6 +108,12 @@ case $mode in
     ;;
   dechost)
     python3 scripts/decode_host.py --out "$OUT/dechost" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  decmerge)
+    python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_decode_gpu.py 2>&1 \
+      | tee -a "$log" | tail -5
+    python3 scripts/decode_candidates.py --merge --out "$OUT/decmerge" 2>&1 | grep -v Warning \
+      | tee -a "$log"
     ;;
   decspans)
     python3 scripts/decode_spans.py --out "$OUT/decspans" 2>&1 | grep -v Warning | tee -a "$log"

@@ -11,7 +11,7 @@ from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_spec
 from attnlab.config import ConfigError
-from attnlab.decode import choose_splits, decode_tile
+from attnlab.decode import choose_splits, decode_tile, serial_merge
 from attnlab.kernels.abi import (
     DECODE_WARPS,
     CombineSpec,
@@ -19,7 +19,7 @@ from attnlab.kernels.abi import (
     DecodeSpec,
     spec_from_dict,
 )
-from attnlab.kernels.common.decode import THREADS, FlashDecode
+from attnlab.kernels.common.decode import MERGE_SPLITS, THREADS, FlashDecode
 
 
 def test_launch_abi_is_spelled_out_once():
@@ -50,12 +50,22 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
     assert choose_splits(1, 10_000, 132) == 128  # capped
 
 
+def test_short_walks_merge_in_the_decoding_kernel():
+    # B = 1 x 4k GQA (16 splits of 2 blocks) and MQA (32 of 1): host-bound calls, one launch.
+    assert serial_merge(16, 32) and serial_merge(32, 32)
+    assert not serial_merge(1, 32)               # nothing to merge
+    assert not serial_merge(16, 256)             # 8 x 32k MQA: 16 blocks a split
+    assert not serial_merge(128, 256)            # 1 x 32k MQA: 128 partials for one CTA
+
+
 # (arch, head dim, knobs): the variants a call can pick.
 COMPILED = [("sm_80", 64, {}), ("sm_80", 128, {"paged": True, "windowed": True}),
             ("sm_90a", 128, {"split": True, "batch_idx": True, "kv_stages": 3}),
             ("sm_90a", 256, {"paged": True, "split": True, "keys_per_warp": 16}),
             ("sm_90a", 96, {"windowed": True}),
-            ("sm_90a", 128, {"paged": True, "split": True, "v_strides": True})]
+            ("sm_90a", 128, {"paged": True, "split": True, "v_strides": True}),
+            ("sm_90a", 128, {"split": True, "serial_merge": True, "kv_stages": 3}),
+            ("sm_80", 64, {"paged": True, "split": True, "serial_merge": True})]
 
 
 @pytest.mark.parametrize("arch, head_dim, knobs", COMPILED)
@@ -93,6 +103,29 @@ def test_k_and_v_share_a_rows_offset_where_their_strides_agree(tmp_path):
     rows_per_thread = 128 // (THREADS // 8)
     assert ops[True]["IMAD"] - ops[False]["IMAD"] >= 2 * rows_per_thread * 2
     assert ops[True]["LDGSTS"] == ops[False]["LDGSTS"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_serial_merge_counts_each_split_in_once(arch, tmp_path):
+    """With ``serial_merge`` a split counts in by one atomic add behind a release fence and
+    (the last) reads the partials back behind an acquire fence; the split kernel for the
+    combine has neither, and neither writes more than its partial rows' vectors and LSEs
+    (plus, serially, the merged rows' and the counter's reset)."""
+    ops = {}
+    keys_per_warp, stages = decode_tile(128, arch)
+    for serial in (False, True):
+        spec = DecodeSpec(arch, "bfloat16", 128, split=True, keys_per_warp=keys_per_warp,
+                          kv_stages=stages, serial_merge=serial)
+        art = compile_spec(spec, tmp_path / str(serial))
+        text = disassemble(art.cubin)
+        ops[serial] = histogram(parse(text))
+        assert not read_resources(art.cubin, text).spills
+    assert ops[True]["ATOMG"] == 1 and "ATOMG" not in ops[False]
+    assert ops[True]["MEMBAR"] >= 2 and "MEMBAR" not in ops[False]
+    # A merged vector, its row's LSE and the counter's reset, beside the partial's stores.
+    assert ops[True]["STG"] - ops[False]["STG"] == 3
+    # The merge's loop: a split's LSE and vector for each of MERGE_SPLITS splits at once.
+    assert ops[True]["LDG"] - ops[False]["LDG"] >= 2 * MERGE_SPLITS
 
 
 @pytest.mark.parametrize("head_dim", [96, 128, 256])

@@ -86,7 +86,8 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
-@pytest.mark.parametrize("num_splits", [1, 3, 0])
+# 3, 0 (auto: at most 12 here) and 32: merged serially; 64 (most of them empty): by the combine.
+@pytest.mark.parametrize("num_splits", [1, 3, 0, 32, 64])
 def test_matches_the_reference_over_ragged_caches(case, dtype, num_splits):
     batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
     dt = DTYPES[dtype]

@@ -5,10 +5,11 @@ A call appends the new keys and values (``k``, ``v``) to the cache at ``cache_se
 place, then attends ``q`` to each sequence's cache. The kernel (``kernels/common/decode.py``)
 packs the query heads of a K/V head into the rows of one tile (pack-GQA) and, when the grid of
 (query tile, sequence, K/V head) would leave SMs idle, splits every sequence's K/V range over
-``num_splits`` CTAs whose partial outputs a second kernel merges by their LSEs
-(``kernels/common/decode_combine.py``). Both are built once per call signature; a call then
-allocates its outputs and launches, nothing that reads device memory from the host, so a
-decoding step with fixed shapes can be captured in a CUDA graph.
+``num_splits`` CTAs whose partial outputs are merged by their LSEs: by the split that finishes
+a query tile last where the walks are short (``serial_merge``: one launch per call), else by a
+second kernel (``kernels/common/decode_combine.py``). The kernels are built once per call
+signature; a call then allocates its outputs and launches, nothing that reads device memory
+from the host, so a decoding step with fixed shapes can be captured in a CUDA graph.
 
 Trusted inputs: ``cache_seqlens`` must not run past the cache (or, paged, past the pages of
 ``block_table``), and ``block_table`` must name existing pages. Reading them would cost a
@@ -35,6 +36,12 @@ from attnlab.validation import check_kvcache_inputs, check_kvcache_values
 
 #: Largest split count (each split's partial output is a [B, Sq, Hq, D] fp32 tensor).
 MAX_SPLITS = 128
+#: A split call merges serially (``serial_merge``) up to this many splits (more: the combine
+#: kernel's CTAs merge the rows side by side, one merging CTA would take longer)...
+SERIAL_MERGE_SPLITS = 32
+#: ... of up to this many K/V blocks each (longer walks: the combine kernel, see
+#: ``serial_merge``).
+SERIAL_MERGE_BLOCKS = 4
 #: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
 #: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
 CTAS_PER_SM = 1
@@ -75,6 +82,18 @@ def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int) -> int:
         return 1
     wanted = CTAS_PER_SM * multiprocessors // ctas
     return max(1, min(wanted, kv_blocks, MAX_SPLITS))
+
+
+def serial_merge(splits: int, kv_blocks: int) -> bool:
+    """Whether a call of ``splits`` splits over ``kv_blocks`` K/V blocks merges them in the
+    decoding kernel (its last split per tile) instead of in a second kernel. A short walk's
+    call is bound by its host side, where the combine's launch is 4.4-5 us of about 20 (an
+    H200's host, docs/decode.md); a long walk's by the device, where the serial merge's tail
+    (a count at the tile's counter, then one CTA reading every partial) costs more than the
+    combine launched behind the decoding (PDL): -3 % at B = 8 x 32k MQA (16 splits of 16
+    blocks), -12 % at 1 x 128k MQA (128 splits)."""
+    return 1 < splits <= SERIAL_MERGE_SPLITS and math.ceil(
+        kv_blocks / splits) <= SERIAL_MERGE_BLOCKS
 
 
 def attention_with_kvcache(
@@ -238,18 +257,21 @@ class _DecodeCall:
         self.new_tokens = k.shape[1] if k is not None else 0
         keys_per_warp, stages = decode_tile(head_dim, info.arch)
         tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
-        self.splits = num_splits or choose_splits(
-            tiles * batch * heads_kv, math.ceil(self.capacity / (keys_per_warp * DECODE_WARPS)),
-            info.multiprocessors)
+        kv_blocks = math.ceil(self.capacity / (keys_per_warp * DECODE_WARPS))
+        self.splits = num_splits or choose_splits(tiles * batch * heads_kv, kv_blocks,
+                                                  info.multiprocessors)
         dtype = str(q.dtype).removeprefix("torch.")
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))
+        self.serial = serial_merge(self.splits, kv_blocks)
+        #: Counters of a serial merge: one per (query tile, sequence x K/V head).
+        self.tiles = tiles * batch * heads_kv
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
                           self.splits > 1, keys_per_warp, stages,
-                          v_cache.stride()[:2] != k_cache.stride()[:2])
+                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial)
         self.decode = kernel_cache.get(spec).fn
         self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
-                        if self.splits > 1 else None)
+                        if self.splits > 1 and not self.serial else None)
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
         self._filled: tuple[int, torch.Tensor] | None = None
 
@@ -267,14 +289,18 @@ class _DecodeCall:
         return self._filled[1]
 
     def scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The split partials (O and LSE) and an LSE nobody reads, allocated once per stream
-        (``device.per_stream``): the combine reads them before the call's last launch ends."""
+        """The split partials (O and LSE), an LSE nobody reads and a serial merge's zeroed
+        counters, allocated once per stream (``device.per_stream``): the merge reads the
+        partials before the call's last launch ends, and the kernel leaves the counters
+        zero."""
         batch, seqlen_q, heads_q, head_dim = q.shape
-        splits = self.splits if self.combine is not None else 0
-        return device.per_stream(self._scratch, q.device, lambda: tuple(
-            torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
-                (splits * batch, seqlen_q, heads_q, head_dim), (splits * batch, heads_q, seqlen_q),
-                (batch, heads_q, seqlen_q))))
+        splits = self.splits if self.splits > 1 else 0
+        return device.per_stream(self._scratch, q.device, lambda: (
+            *(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
+                (splits * batch, seqlen_q, heads_q, head_dim),
+                (splits * batch, heads_q, seqlen_q), (batch, heads_q, seqlen_q))),
+            torch.zeros(self.tiles if self.serial else 0, dtype=torch.int32,
+                        device=q.device)))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                  out, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,16 +314,21 @@ class _DecodeCall:
         if not out.numel():
             return out, torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32,
                                     device=q.device)
-        partial_out, partial_lse, lse = self.scratch(q)
+        partial_out, partial_lse, lse, counters = self.scratch(q)
         if return_lse:
             lse = torch.empty_like(lse)
-        if self.combine is None:
+        if self.splits == 1:
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
-                        self.scale, self.left, self.right, 1)
-            return out, lse
-        self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
-                    partial_lse, self.scale, self.left, self.right, self.splits)
-        self.combine(partial_out, partial_lse, out, lse, self.splits)
+                        self.scale, self.left, self.right, 1, None, None, None)
+        elif self.serial:
+            self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
+                        partial_lse, self.scale, self.left, self.right, self.splits, out, lse,
+                        counters)
+        else:
+            self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
+                        partial_lse, self.scale, self.left, self.right, self.splits, None, None,
+                        None)
+            self.combine(partial_out, partial_lse, out, lse, self.splits)
         return out, lse
 
 

@@ -217,8 +217,9 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
 
 def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
     """The decoding kernels a call may build on ``arch``, bf16: every head dim whose tile fits,
-    contiguous and paged, whole and split, and the combine (``attnlab audit``'s family; the
-    masked and ``cache_batch_idx`` variants differ only in their row addressing)."""
+    contiguous and paged, whole and split (merged by the combine or serially), and the
+    combine (``attnlab audit``'s family; the masked and ``cache_batch_idx`` variants differ
+    only in their row addressing)."""
     from attnlab.decode import decode_tile
 
     specs: list[DecodeSpec | CombineSpec] = []
@@ -228,7 +229,8 @@ def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
         except ConfigError:
             continue
         specs += [DecodeSpec(arch, "bfloat16", head_dim, paged, False, False, split,
-                             keys_per_warp, stages)
-                  for paged in (False, True) for split in (False, True)]
+                             keys_per_warp, stages, serial_merge=serial)
+                  for paged in (False, True)
+                  for split, serial in ((False, False), (True, False), (True, True))]
         specs.append(CombineSpec(arch, "bfloat16", head_dim))
     return specs

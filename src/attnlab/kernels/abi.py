@@ -297,7 +297,9 @@ class DecodeSpec(FlatSpec):
     (else ``[B_cache, S_cache, Hkv, D]``, optionally through ``cache_batch_idx``);
     ``batch_idx``: a contiguous cache's rows are chosen by ``cache_batch_idx``;
     ``windowed``: a causal or sliding-window band; ``split``: it writes fp32 partial outputs
-    and LSEs for the combine kernel instead of the output; ``keys_per_warp``: each warp's
+    and LSEs for the combine kernel instead of the output; ``serial_merge`` (with ``split``):
+    no combine kernel, the split that finishes a query tile last (counted at a per-tile
+    counter) merges the tile's partials into the output; ``keys_per_warp``: each warp's
     slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
     the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
     offset is computed for each (else K's serves both)."""
@@ -305,7 +307,7 @@ class DecodeSpec(FlatSpec):
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
-        ("_split", "split"), ("_vstrides", "v_strides"))
+        ("_split", "split"), ("_vstrides", "v_strides"), ("_serial", "serial_merge"))
 
     arch: str
     dtype: str
@@ -317,6 +319,7 @@ class DecodeSpec(FlatSpec):
     keys_per_warp: int = 32
     kv_stages: int = 2
     v_strides: bool = False
+    serial_merge: bool = False
 
     @property
     def label(self) -> str:
@@ -341,6 +344,10 @@ class DecodeArgs(NamedTuple):
         lse: fp32 ``[B, Hq, Sq]``, or ``[splits * B, Hq, Sq]`` partials.
         softmax_scale, window_left, window_right: as ``ForwardArgs``.
         num_splits: K/V ranges per (query block, sequence, K/V head).
+        merged_out, merged_lse: with ``serial_merge``, the output and its LSE (as the unsplit
+            ``out`` and ``lse``), written by each tile's last split; else None.
+        counters: with ``serial_merge``, int32, one per (query tile, sequence x K/V head),
+            zero before the launch and left zero; else None.
     """
 
     q: Any
@@ -355,6 +362,9 @@ class DecodeArgs(NamedTuple):
     window_left: Any
     window_right: Any
     num_splits: Any
+    merged_out: Any = None
+    merged_lse: Any = None
+    counters: Any = None
 
 
 def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
@@ -370,11 +380,14 @@ def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
         table = make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()),
                                  stride=(cute.sym_int32(), 1), assumed_align=4)
     out_elem = cutlass.Float32 if spec.split else elem
+    serial = spec.split and spec.serial_merge
     return DecodeArgs(
         *(_fake_rows_tensor(elem, spec.head_dim, False) for _ in range(3)), vector(),
         vector() if spec.batch_idx else None, table,
         _fake_rows_tensor(out_elem, spec.head_dim, False), _fake_row_stats(False),
-        cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1))
+        cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
+        _fake_rows_tensor(elem, spec.head_dim, False) if serial else None,
+        _fake_row_stats(False) if serial else None, vector() if serial else None)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ kernel is built for bandwidth, not for tensor-core rate.
   before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
   before reading anything, so a launch's latency hides under the previous kernel's tail; a
   split decoding lets the combine launch once its CTAs are past their K/V walk.
+* **Serial merge** (``DecodeSpec.serial_merge``): instead of the combine kernel, each split
+  counts in at its query tile's counter once its partial is written, and the split that
+  counts last merges the tile's partials and resets the counter (GEMM's serial split-K). One
+  launch per call instead of two: the second launch's host time and its device ramp go,
+  paid for by a merge at the end of the last split, which is short while a tile has few
+  splits.
 """
 
 import cuda.bindings.driver as cuda
@@ -50,6 +56,8 @@ TILE_ROWS = 16
 #: ldmatrix fragments per load, double buffered (the forward's schedule).
 FRAGS = 2
 THREADS = 32 * DECODE_WARPS
+#: Splits whose partials a serial merge's thread has in flight at once.
+MERGE_SPLITS = 16
 
 
 class FlashDecode:
@@ -63,6 +71,8 @@ class FlashDecode:
         self.block_n = spec.keys_per_warp * DECODE_WARPS
         #: Programmatic dependent launch (sm_90): see ``PDL`` in the module docstring.
         self.pdl = spec.arch == "sm_90a"
+        #: The splits merge in the kernel: see ``Serial merge`` in the module docstring.
+        self.serial = spec.split and spec.serial_merge
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -70,10 +80,12 @@ class FlashDecode:
                  block_table: cute.Tensor | None, out: cute.Tensor, lse: cute.Tensor,
                  softmax_scale: cutlass.Float32, window_left: cutlass.Int32,
                  window_right: cutlass.Int32, num_splits: cutlass.Int32,
-                 stream: cuda.CUstream):
+                 merged_out: cute.Tensor | None, merged_lse: cute.Tensor | None,
+                 counters: cute.Tensor | None, stream: cuda.CUstream):
         """Launch on the arguments of ``kernels.abi.DecodeArgs`` (and the stream)."""
         t = DecodeArgs(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, out,
-                       lse, softmax_scale, window_left, window_right, num_splits)
+                       lse, softmax_scale, window_left, window_right, num_splits, merged_out,
+                       merged_lse, counters)
         D, spec = self.head_dim, self.spec
         kv_layout = smem_tile_layout("xor", self.block_n, D, spec.kv_stages)
         q_layout = smem_tile_layout("xor", TILE_ROWS, D)
@@ -83,7 +95,8 @@ class FlashDecode:
         SharedStorage = shared_storage({
             "sQ": shared_tile(self.dtype, q_layout),
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
-            "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS]})
+            "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS],
+            "arrival": cute.struct.MemRange[cutlass.Int32, 1]})
         load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
             cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
         mma = cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
@@ -230,6 +243,13 @@ class FlashDecode:
                 sLSE[tScS[r, 0][0], warp_idx] = lse_w[r]
         cute.arch.sync_threads()
         self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
+        if cutlass.const_expr(self.serial):
+            arrival = storage.arrival.get_tensor(cute.make_layout(1))
+            counter = bh * cute.arch.grid_dim()[0] + m_block
+            if self._count_in(t, arrival, counter, tidx):
+                self._merge(t, batch, head_kv, group, row0, rows, tidx)
+                if tidx == 0:
+                    t.counters[counter] = 0
 
     @cute.jit
     def _locate(self, located: tuple, thr_load, t: DecodeArgs, n_block, seqlen_k,
@@ -320,6 +340,60 @@ class FlashDecode:
                         s_mn[r, c] = -cutlass.Float32.inf
                     if key > diagonal + window_right:
                         s_mn[r, c] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _count_in(self, t: DecodeArgs, arrival: cute.Tensor, counter, tidx) -> cutlass.Boolean:
+        """Count this split's partials (written) in at its tile's counter; True for the split
+        that counts last, which then sees every split's partials."""
+        # Release: every thread's partial rows are visible before the CTA's count.
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        if tidx == 0:
+            arrival[0] = cute.arch.atomic_add(t.counters.iterator + counter, cutlass.Int32(1),
+                                              sem="acq_rel", scope="gpu")
+        cute.arch.sync_threads()
+        last = arrival[0] == t.num_splits - 1
+        if last:
+            # Acquire: the other splits' partials, counted in before this one.
+            cute.arch.fence_acq_rel_gpu()
+        return last
+
+    @cute.jit
+    def _merge(self, t: DecodeArgs, batch, head_kv, group, row0, rows, tidx):
+        """The tile's rows merged over every split's partial (O, LSE), as the combine kernel
+        merges them, into ``merged_out`` and ``merged_lse``. The threads deal out the tile's
+        (row, 4 columns) items (rows past the sequence's left out); each walks its item's
+        splits once, rescaling the sums whenever the largest LSE so far grows: no load
+        depends on the sums, so ``MERGE_SPLITS`` splits' loads are in flight together, where
+        finding the largest LSE first would cost a second pass."""
+        D, vec, batch_size = self.head_dim, 4, t.q.shape[0]
+        per_row = D // vec
+        items = (cutlass.min(rows - row0, TILE_ROWS)) * per_row
+        acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+        for index in cutlass.range(tidx, items, THREADS, unroll=1):
+            row, c = row0 + index // per_row, index % per_row * vec
+            pos, head = row // group, head_kv * group + row % group
+            top = -cutlass.Float32.inf
+            total = cutlass.Float32(0.0)
+            acc.fill(0.0)
+            for s in cutlass.range(t.num_splits, unroll=MERGE_SPLITS):
+                split_row = s * batch_size + batch
+                lse_s = t.lse[split_row, head, pos]
+                part = cute.local_tile(t.out[split_row, pos, head, None], (vec,),
+                                       (c // vec,)).load()
+                new_top = cute.arch.fmax(top, lse_s)
+                safe = cutlass.Float32(0.0) if new_top == -cutlass.Float32.inf else new_top
+                rescale = cute.math.exp(top - safe, fastmath=True)
+                weight = cute.math.exp(lse_s - safe, fastmath=True)
+                total = total * rescale + weight
+                acc.store(acc.load() * rescale + part * weight)
+                top = new_top
+            safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
+            inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+            dst = cute.local_tile(t.merged_out[batch, pos, head, None], (vec,), (c // vec,))
+            dst.store((acc.load() * inverse).to(t.merged_out.element_type))
+            if c == 0:
+                t.merged_lse[batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
 
     @cute.jit
     def _write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor, batch, split,
