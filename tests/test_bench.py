@@ -31,6 +31,7 @@ from attnlab.bench.timing import (
     HOLD_MS_PER_CALL,
     Timing,
     attention_flops,
+    round_orders,
     summarize,
     tflops,
     time_calls,
@@ -93,6 +94,27 @@ def test_timed_calls_run_with_the_garbage_collector_paused():
     time_calls(fn, warmup=1, runs=3, clock=clock)
     assert states == [True, False, False, False]
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("count", range(1, 9))
+def test_round_orders_balance_places_and_predecessors(count):
+    """Over a full cycle every function holds every place of a round equally often and
+    follows every other function (within a round) equally often."""
+    from collections import Counter
+
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = round_orders(count, 3 * cycle)
+    assert orders[:cycle] == orders[cycle:2 * cycle]
+    for order in orders:
+        assert sorted(order) == list(range(count))
+    places = Counter((place, f) for order in orders[:cycle] for place, f in enumerate(order))
+    assert set(places.values()) == {cycle // count}
+    pairs = Counter(pair for order in orders[:cycle]
+                    for pair in zip(order[:-1], order[1:], strict=True))
+    if count > 1:
+        assert len(pairs) == count * (count - 1) and len(set(pairs.values())) == 1
+    with pytest.raises(ValueError):
+        round_orders(0, 3)
 
 
 def test_measure_point_times_round_robin():

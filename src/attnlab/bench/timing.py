@@ -97,17 +97,39 @@ class TimedCallError(RuntimeError):
         self.name = name
 
 
+def round_orders(count: int, rounds: int) -> list[list[int]]:
+    """The order of ``count`` functions in each of ``rounds`` rounds: a Williams design (a
+    Latin square balanced for carry-over) taken in turn. Over each full cycle (``count``
+    rounds for an even count, twice that for an odd one) every function runs at every place
+    of a round equally often and right after every other function equally often, so neither
+    its place (a GPU cooler at the start of a round) nor its predecessor (another library's
+    calls leaving the CPU's caches cold, its data in L2) favours one of them. Two functions
+    alternate direction, as the first design did; with more, reversing alternate rounds put
+    the second function right after an outsider every other round while the first always
+    followed itself or the second."""
+    if count < 1 or rounds < 0:
+        raise ValueError(f"need count >= 1, rounds >= 0; got {count}, {rounds}")
+    first = [0]
+    for step in range(1, count):
+        first.append((step + 1) // 2 if step % 2 else count - step // 2)
+    square = [[(index + shift) % count for index in first] for shift in range(count)]
+    if count % 2:
+        square += [row[::-1] for row in square]
+    return [square[r % len(square)] for r in range(rounds)]
+
+
 def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int = 5,
                        runs: int = 30, rotations: int = 1, clock: Clock | None = None
                        ) -> dict[str, list[float]]:
     """Milliseconds of ``runs`` calls of each function, taken round-robin.
 
-    Each round calls every function once (alternate rounds in reverse order), so all of
-    them see the GPU in the same state: clocks and power that drift over a run, or a
-    cooler GPU at the start, favour none of them. Call number ``k`` overall gets input set
-    ``k % rotations``, so consecutive calls never share an input set. ``warmup`` untimed
-    rounds come first; marks are read only after the last call, so timing never
-    synchronises between calls. A function that raises is reported as ``TimedCallError``.
+    Each round calls every function once, in the orders of :func:`round_orders`, so all of
+    them see the GPU in the same state: clocks and power that drift over a run, a cooler
+    GPU at the start, or the function before, favour none of them. Call number ``k``
+    overall gets input set ``k % rotations``, so consecutive calls never share an input
+    set. ``warmup`` untimed rounds come first; marks are read only after the last call, so
+    timing never synchronises between calls. A function that raises is reported as
+    ``TimedCallError``.
 
     The timed calls queue behind a device-side hold (``clock.hold``) long enough for the host
     to enqueue them all, with Python's garbage collector paused: a mark pair then measures
@@ -139,8 +161,8 @@ def sample_interleaved(fns: dict[str, Callable[[int], object]], *, warmup: int =
     gc.disable()
     try:
         clock.hold(HOLD_MS_PER_CALL * runs * len(names))
-        for round_ in range(runs):
-            for name in names if round_ % 2 == 0 else names[::-1]:
+        for order in round_orders(len(names), runs):
+            for name in (names[i] for i in order):
                 start = clock.mark()
                 call(name)
                 marks[name].append((start, clock.mark()))
@@ -171,7 +193,7 @@ def sample_back_to_back(fns: dict[str, Callable[[int], object]], *, calls: dict[
     """End-to-end milliseconds per call of each function: per round, ``calls[name]`` calls
     back to back between two marks, the span divided by the calls.
 
-    Rounds go round-robin over the functions (alternate rounds reversed), as in
+    Rounds go round-robin over the functions in the orders of :func:`round_orders`, as in
     :func:`sample_interleaved`; the device is drained before every span, so nothing queued
     earlier hides the host side of the calls. Call ``k`` of a function gets input set
     ``k % rotations``. A function that raises is reported as ``TimedCallError``.
@@ -194,8 +216,8 @@ def sample_back_to_back(fns: dict[str, Callable[[int], object]], *, calls: dict[
         for name in names:
             call(name)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(rounds):
-        for name in names if round_ % 2 == 0 else names[::-1]:
+    for order in round_orders(len(names), rounds):
+        for name in (names[i] for i in order):
             clock.wait()
             start = clock.mark()
             for _ in range(calls[name]):
