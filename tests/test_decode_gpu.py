@@ -262,6 +262,10 @@ def test_torch_compile_fullgraph_matches_eager_and_appends():
 
 
 def test_cuda_graph_replays_a_decode_step_with_new_lengths():
+    """Eager, the 4 splits merge in the decoding kernel (``serial_merge``); captured, in the
+    combine kernel (replays have no host side to save): both against the eager result."""
+    from attnlab import decode
+
     q, k_cache, v_cache, k, v, table = _step_inputs(22)
     seqlens = torch.tensor([40, 300], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
@@ -270,10 +274,22 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
         attnlab.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
                                        block_table=table, num_splits=4, out=out)
 
+    decode._calls.clear()
     step()  # builds the kernels outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    (call,) = decode._calls.values()
+    assert call.serial
+    combines = []
+    combine = call.combine
+    call.combine = lambda *args: (combines.append(1), combine(*args))
+    try:
         step()
+        assert not combines
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        assert combines == [1]
+    finally:
+        call.combine = combine
     for lengths in ([0, 17], [255, 400]):
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
         q.normal_()
@@ -283,7 +299,10 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
         want = attnlab.attention_with_kvcache(q, k_eager, v_eager, k, v, cache_seqlens=seqlens,
                                               block_table=table, num_splits=4)
         torch.cuda.synchronize()
-        assert torch.equal(out, want) and torch.equal(k_cache, k_eager)
+        # The two merges round differently (one pass rescaling, or the largest LSE first).
+        assert not out.isnan().any()
+        assert (out.double() - want.double()).abs().max().item() <= 2e-2
+        assert torch.equal(k_cache, k_eager)
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])

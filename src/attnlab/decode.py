@@ -18,6 +18,7 @@ device-to-host copy per call; ``check_cache=True`` does it and refuses what is o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -91,7 +92,9 @@ def serial_merge(splits: int, kv_blocks: int) -> bool:
     H200's host, docs/decode.md); a long walk's by the device, where the serial merge's tail
     (a count at the tile's counter, then one CTA reading every partial) costs more than the
     combine launched behind the decoding (PDL): -3 % at B = 8 x 32k MQA (16 splits of 16
-    blocks), -12 % at 1 x 128k MQA (128 splits)."""
+    blocks), -12 % at 1 x 128k MQA (128 splits). Even a short walk's serial merge takes
+    longer on the device (up to 14 %, B = 1 x 4k MQA), so a call captured in a CUDA graph,
+    which replays without its host side, takes the combine kernel."""
     return 1 < splits <= SERIAL_MERGE_SPLITS and math.ceil(
         kv_blocks / splits) <= SERIAL_MERGE_BLOCKS
 
@@ -270,8 +273,14 @@ class _DecodeCall:
                           self.splits > 1, keys_per_warp, stages,
                           v_cache.stride()[:2] != k_cache.stride()[:2], self.serial)
         self.decode = kernel_cache.get(spec).fn
-        self.combine = (kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
-                        if self.splits > 1 and not self.serial else None)
+        self.combine = self.split_decode = None
+        if self.splits > 1:
+            # A call captured in a CUDA graph replays without its host side, so there the
+            # combine kernel's shorter device time wins (``serial_merge``); both are built
+            # here, as a capture may not load modules.
+            self.split_decode = (kernel_cache.get(dataclasses.replace(
+                spec, serial_merge=False)).fn if self.serial else self.decode)
+            self.combine = kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
         self._filled: tuple[int, torch.Tensor] | None = None
 
@@ -320,14 +329,14 @@ class _DecodeCall:
         if self.splits == 1:
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
                         self.scale, self.left, self.right, 1, None, None, None)
-        elif self.serial:
+        elif self.serial and not torch.cuda.is_current_stream_capturing():
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
                         partial_lse, self.scale, self.left, self.right, self.splits, out, lse,
                         counters)
         else:
-            self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
-                        partial_lse, self.scale, self.left, self.right, self.splits, None, None,
-                        None)
+            self.split_decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table,
+                              partial_out, partial_lse, self.scale, self.left, self.right,
+                              self.splits, None, None, None)
             self.combine(partial_out, partial_lse, out, lse, self.splits)
         return out, lse
 
