@@ -211,3 +211,15 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
     api.forget_calls()
     yield rec
     api.forget_calls()
+
+
+@pytest.fixture
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's output 220 columns wide, so the asserts see whole cells. rich fixes a
+    console's width when it is made if ``COLUMNS`` is set then (the CLI's consoles, at
+    import), else reads ``COLUMNS`` at each print (typer's help): both are set."""
+    from attnlab.cli import measure, profile, study
+
+    monkeypatch.setenv("COLUMNS", "220")
+    for module in (measure, profile, study):
+        monkeypatch.setattr(module.console, "_width", 220)

@@ -12,8 +12,7 @@ from attnlab.cli import app
 pytestmark = pytest.mark.gpu
 
 
-def test_bench_quick_writes_table_json_png(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "220")  # rich fits tables to the terminal: keep names whole
+def test_bench_quick_writes_table_json_png(tmp_path, wide_console):
     result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "sdpa_flash" in result.output and "attnlab" in result.output, result.output
@@ -26,10 +25,9 @@ def test_bench_quick_writes_table_json_png(tmp_path, monkeypatch):
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bench_backward_times_training_of_attnlab_and_its_peers(tmp_path, monkeypatch):
+def test_bench_backward_times_training_of_attnlab_and_its_peers(tmp_path, wide_console):
     """``--backward``: forward + backward and the backward alone per point, attnlab and the
     peers timed."""
-    monkeypatch.setenv("COLUMNS", "220")
     result = CliRunner().invoke(app, ["bench", "--backward", "--seqlens", "1024",
                                       "--head-dims", "64", "--dtypes", "bf16", "--mode",
                                       "causal", "--runs", "20", "--impls", "attnlab,sdpa_cudnn",
@@ -58,7 +56,7 @@ def test_profile_reads_counters_for_ours_and_the_reference():
         assert isinstance(opcodes, dict) and any(op.startswith("HMMA") for op in opcodes)
 
 
-def test_patch_times_edited_kernels_against_the_original(tmp_path, monkeypatch):
+def test_patch_times_edited_kernels_against_the_original(tmp_path, wide_console):
     """``attnlab patch``: the original, an edit that matches nothing (the same binary: its
     output identical) and seed 004's HMMA edit for this GPU (S08 -> S04 on sm_80, S06 ->
     S03 on sm_90a), each timed, output compared."""
@@ -68,7 +66,6 @@ def test_patch_times_edited_kernels_against_the_original(tmp_path, monkeypatch):
     from attnlab.analysis.cubin_patch import SEED_HMMA_EDIT
 
     seed_edit = SEED_HMMA_EDIT.get(device.info(torch.device("cuda")).arch, "HMMA:8:4")
-    monkeypatch.setenv("COLUMNS", "220")
     result = CliRunner().invoke(app, ["patch", "k16", "--edit", "HMMA:15:1", "--edit",
                                       seed_edit, "--shape", "2,1024,1024,8,128",
                                       "--runs", "10", "--out", str(tmp_path)])

@@ -15,9 +15,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    # rich sizes tables to the terminal; a wide one keeps cells untruncated for the asserts.
-    monkeypatch.setenv("COLUMNS", "220")
+def _wide(wide_console):
+    """Every command's table with whole cells (``conftest.wide_console``)."""
 
 
 @pytest.mark.parametrize("command", ["bench", "ladder", "tune"])
