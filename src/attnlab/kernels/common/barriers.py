@@ -1,4 +1,5 @@
-"""Named hardware barriers (``bar.sync id, count``), one name per use.
+"""Named hardware barriers (``bar.sync id, count``), one name per use, and the count at a
+global counter by which CTAs find the last of them.
 
 Barrier 0 is what ``__syncthreads`` (``cute.arch.sync_threads``) uses; a named barrier with its
 own id synchronises a subset of the CTA's threads (e.g. only the consumer warpgroups) without
@@ -7,6 +8,7 @@ waiting for the others.
 
 from enum import IntEnum
 
+import cutlass
 import cutlass.cute as cute
 
 
@@ -37,3 +39,26 @@ class NamedBarrier(IntEnum):
         there count these arrivals toward ``number_of_threads``)."""
         cute.arch.barrier_arrive(barrier_id=int(self) + offset,
                                  number_of_threads=number_of_threads)
+
+
+@cute.jit
+def count_in(counters: cute.Tensor, counter, arrivals: cute.Tensor, slot, leader, last_count,
+             barrier: NamedBarrier, threads: cutlass.Constexpr, offset=0) -> cutlass.Boolean:
+    """Count a group of ``threads`` threads (at ``barrier + offset``) in at
+    ``counters[counter]`` once their global writes are done; True for the group whose count
+    is ``last_count`` (the last, where the counter started at zero), which then sees every
+    group's writes. A release fence by each thread and the group's barrier order the writes
+    before ``leader``'s one atomic add; its old value reaches the group through shared
+    ``arrivals[slot]``; the last group's acquire fence orders the others' writes before its
+    reads. Serial split-K (``kernels/gemm/sm90.py``) and the decoding's serial merge
+    (``kernels/common/decode.py``) find the slice or split that sums the rest with it."""
+    cute.arch.fence_acq_rel_gpu()
+    barrier.sync(threads, offset)
+    if leader:
+        arrivals[slot] = cute.arch.atomic_add(counters.iterator + counter, cutlass.Int32(1),
+                                              sem="acq_rel", scope="gpu")
+    barrier.sync(threads, offset)
+    last = arrivals[slot] == last_count
+    if last:
+        cute.arch.fence_acq_rel_gpu()
+    return last

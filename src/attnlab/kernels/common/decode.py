@@ -37,6 +37,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.kernels.abi import DECODE_WARPS, DecodeArgs, DecodeSpec
+from attnlab.kernels.common.barriers import NamedBarrier, count_in
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import (
@@ -246,7 +247,8 @@ class FlashDecode:
         if cutlass.const_expr(self.serial):
             arrival = storage.arrival.get_tensor(cute.make_layout(1))
             counter = bh * cute.arch.grid_dim()[0] + m_block
-            if self._count_in(t, arrival, counter, tidx):
+            if count_in(t.counters, counter, arrival, 0, tidx == 0, t.num_splits - 1,
+                        NamedBarrier.CTA, THREADS):
                 self._merge(t, batch, head_kv, group, row0, rows, tidx)
                 if tidx == 0:
                     t.counters[counter] = 0
@@ -340,23 +342,6 @@ class FlashDecode:
                         s_mn[r, c] = -cutlass.Float32.inf
                     if key > diagonal + window_right:
                         s_mn[r, c] = -cutlass.Float32.inf
-
-    @cute.jit
-    def _count_in(self, t: DecodeArgs, arrival: cute.Tensor, counter, tidx) -> cutlass.Boolean:
-        """Count this split's partials (written) in at its tile's counter; True for the split
-        that counts last, which then sees every split's partials."""
-        # Release: every thread's partial rows are visible before the CTA's count.
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrival[0] = cute.arch.atomic_add(t.counters.iterator + counter, cutlass.Int32(1),
-                                              sem="acq_rel", scope="gpu")
-        cute.arch.sync_threads()
-        last = arrival[0] == t.num_splits - 1
-        if last:
-            # Acquire: the other splits' partials, counted in before this one.
-            cute.arch.fence_acq_rel_gpu()
-        return last
 
     @cute.jit
     def _merge(self, t: DecodeArgs, batch, head_kv, group, row0, rows, tidx):

@@ -59,7 +59,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M
 from attnlab.gemm_config import PARTIAL_PAD
-from attnlab.kernels.common.barriers import NamedBarrier
+from attnlab.kernels.common.barriers import NamedBarrier, count_in
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import acc_mn_view
@@ -626,17 +626,9 @@ class HgemmSm90(GemmKernel):
         m_tiles, n_tiles, _, num_splits = walk
         counter = (m * n_tiles + n) * self.num_consumers + wg
         self._partial(acc, coords, workspace, m, n, split, load=False)
-        # Release: this warpgroup's partials are visible before its count.
-        cute.arch.fence_acq_rel_gpu()
-        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
-        if wtidx == 0:
-            arrivals[wg] = cute.arch.atomic_add(counters.iterator + counter, cutlass.Int32(1),
-                                                sem="acq_rel", scope="gpu")
-        NamedBarrier.GEMM_EPILOGUE.sync(WARPGROUP, wg)
-        last = arrivals[wg] == num_splits - 1
+        last = count_in(counters, counter, arrivals, wg, wtidx == 0, num_splits - 1,
+                        NamedBarrier.GEMM_EPILOGUE, WARPGROUP, wg)
         if last:
-            # Acquire: the other slices' partials, counted in before this one.
-            cute.arch.fence_acq_rel_gpu()
             if num_splits == 2:
                 # The other slice's partials onto this one's registers: one L2 round trip, and
                 # the same sum as in split order (two terms commute exactly).
