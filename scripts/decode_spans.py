@@ -2,8 +2,8 @@
 against paged (issue 21: the paged call reads 4-10 % below the contiguous one end to end at
 B = 1 and 8 x 4k, while its enqueue time is the same and its kernel 0.3-0.6 us longer).
 
-Usage (GPU): python scripts/decode_spans.py [--out DIR] [--calls N]
-For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1, hd128 bf16, on ``attnlab bench
+Usage (GPU): python scripts/decode_spans.py [--out DIR] [--calls N] [--points B:KEYS:HQ:HKV,...]
+For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1 (or ``--points``), hd128 bf16, on ``attnlab bench
 --decode``'s inputs (its input sets in rotation): the bench's end-to-end microseconds per
 call (``bench.timing.sample_back_to_back``), then ``--calls`` back-to-back calls under
 torch.profiler (CUDA activity): the host's enqueue time per call while profiled, and from
@@ -32,6 +32,11 @@ from attnlab.bench.timing import MAX_CALLS_PER_SPAN, sample_back_to_back
 
 POINTS = ((1, 4096, 32, 8), (8, 4096, 32, 8), (1, 4096, 8, 1), (8, 4096, 8, 1))
 HEAD_DIM = 128
+
+
+def parse_points(text: str) -> tuple[tuple[int, int, int, int], ...]:
+    """``"1:32768:8:1,1:131072:8:1"`` -> ((1, 32768, 8, 1), (1, 131072, 8, 1))."""
+    return tuple(tuple(int(v) for v in point.split(":")) for point in text.split(","))
 
 
 def kernel_intervals(prof) -> list[tuple[float, float]]:
@@ -72,12 +77,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--points", type=parse_points, default=POINTS,
+                        help="B:KEYS:HQ:HKV, comma-separated (default: the four 4k points)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     l2_bytes = device.info(torch.device("cuda")).l2_bytes
     rows = []
     with torch.no_grad():
-        for (batch, keys, heads_q, heads_kv), paged in itertools.product(POINTS, (False, True)):
+        for (batch, keys, heads_q, heads_kv), paged in itertools.product(args.points,
+                                                                          (False, True)):
             point = Point(batch, 1, keys, heads_q, HEAD_DIM, heads_kv=heads_kv)
             row = measure(point, paged, args.calls, l2_bytes)
             rows.append(row)

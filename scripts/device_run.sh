@@ -26,7 +26,8 @@
 #            and paged)
 #   decmerge the decoding GPU tests, then the combine kernel against the serial merge
 #            (scripts/decode_candidates.py --merge: device only and end to end)
-#   decspans the same points' back-to-back spans on the device's clock, contiguous and paged
+#   decspans [--points B:KEYS:HQ:HKV,...] the same points' (or these) back-to-back spans on
+#            the device's clock, contiguous and paged
 #            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
 #            timeline: each call's period, busy and idle time)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
@@ -116,7 +117,8 @@ case $mode in
       | tee -a "$log"
     ;;
   decspans)
-    python3 scripts/decode_spans.py --out "$OUT/decspans" 2>&1 | grep -v Warning | tee -a "$log"
+    python3 scripts/decode_spans.py --out "$OUT/decspans" "${@:2}" 2>&1 | grep -v Warning \
+      | tee -a "$log"
     ;;
   ab|bwdab)
     # Each tree in its own process and kernel cache; the forward's A/B labels its own rows.
