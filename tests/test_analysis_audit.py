@@ -26,9 +26,9 @@ def test_the_inventory_holds_every_family_attnlab_builds():
         # kernels only there.
         assert len(families["gemm ladder"]) == 9
         assert bool(families["gemm"]) == (arch == "sm_90a")
-        # Each head dim's four decoding variants (contiguous / paged, whole / split) and its
-        # combine.
-        assert len(families["decode"]) == 5 * 6
+        # Each head dim's six decoding variants (contiguous / paged x whole / split merged
+        # by the combine / split merged serially) and its combine.
+        assert len(families["decode"]) == 7 * 6
         assert all(v for name, v in families.items() if name != "gemm" or arch == "sm_90a")
         assert all(isinstance(s, ForwardSpec) for s in families["forward defaults"].values())
         assert all(isinstance(s, BackwardSpec) for s in families["backward"].values())
