@@ -459,6 +459,26 @@ def test_training_impl_times_a_backward_with_fresh_or_kept_graphs():
         training_impl(_reference_attention([]), "forward")
 
 
+def test_paged_over_contiguous_reads_the_unrounded_timings():
+    """0.949 stays 0.949 (a table of rounded GB/s read 100 / 105 = 0.952 once)."""
+    from attnlab.bench.decode import paged_over_contiguous
+    from attnlab.bench.runner import Result
+
+    point = Point(1, 1, 4096, 8, 128, heads_kv=1)
+
+    def result(impl, e2e_ms, device_ms):
+        return Result(point, impl, Timing(e2e_ms, e2e_ms, e2e_ms, 30),
+                      device_timing=Timing(device_ms, device_ms, device_ms, 30))
+
+    mine = {"attnlab": result("attnlab", 1.0, 0.5),
+            "attnlab_paged": result("attnlab_paged", 1.0 / 0.949, 0.5 / 1.024)}
+    e2e, device = paged_over_contiguous(mine)
+    assert e2e == pytest.approx(0.949) and device == pytest.approx(1.024)
+    assert paged_over_contiguous({"attnlab": mine["attnlab"]}) is None
+    mine["attnlab_paged"] = Result(point, "attnlab_paged", None, error="no kernel")
+    assert paged_over_contiguous(mine) is None
+
+
 def test_decode_points_too_large_for_the_gpu_are_skipped_with_their_sizes():
     """B = 64 x 128k GQA (34 GB of K and V, twice with the paged copy) cannot be built on an
     80 GB GPU: the bench says so for that point instead of dying in an allocation; a point

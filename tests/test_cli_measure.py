@@ -71,8 +71,8 @@ def test_tune_show_and_clear(tmp_path, monkeypatch):
 
 def test_bench_decode_reports_a_skipped_point_once_and_the_rest(tmp_path, monkeypatch):
     """The decode report on stand-in results: a point whose inputs did not fit shows as
-    dashes and one line with the reason; a measured point shows GB/s, the roof share and the
-    ratio to FA2; both reach the JSON."""
+    dashes and one line with the reason; a measured point shows GB/s, the roof share, the
+    ratio to FA2 and paged over contiguous; both reach the JSON."""
     from attnlab import device
     from attnlab.bench import baselines, ceilings
     from attnlab.bench import decode as decode_bench
@@ -104,5 +104,6 @@ def test_bench_decode_reports_a_skipped_point_once_and_the_rest(tmp_path, monkey
     assert result.exit_code == 0, result.output
     assert result.output.count("skipped: too large") == 2  # one line per skipped point
     assert "1000 (1000) 50% 1.00x" in result.output
+    assert "1.000 (1.000)" in result.output  # paged / contiguous, end to end (device only)
     saved = json.loads((tmp_path / "decode.json").read_text())["results"]
     assert {r["error"] for r in saved} == {None, "skipped: too large"}

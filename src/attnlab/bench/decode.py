@@ -129,3 +129,19 @@ def bandwidth_gbs(result: Result, device: bool = False) -> float | None:
     if timing is None:
         return None
     return kv_bytes(result.point) / (timing.median_ms * 1e-3) / 1e9
+
+
+def paged_over_contiguous(results: dict[str, Result]) -> tuple[float, float] | None:
+    """``attnlab_paged``'s GB/s over ``attnlab``'s at one point, end to end and device only
+    (issue 21's "paged within 5 %" target), from the unrounded timings; None where either
+    did not run."""
+    paged, contiguous = results.get("attnlab_paged"), results.get("attnlab")
+    if paged is None or contiguous is None:
+        return None
+    ratios = []
+    for device in (False, True):
+        mine, theirs = bandwidth_gbs(paged, device), bandwidth_gbs(contiguous, device)
+        if mine is None or theirs is None:
+            return None
+        ratios.append(mine / theirs)
+    return ratios[0], ratios[1]

@@ -198,7 +198,12 @@ def _bench_decode(batches: list[int], cache_lens: list[int], impls: str | None, 
     from attnlab import device
     from attnlab.bench.baselines import available_peers
     from attnlab.bench.ceilings import dram_read_rate
-    from attnlab.bench.decode import bandwidth_gbs, decode_points, measure_decode
+    from attnlab.bench.decode import (
+        bandwidth_gbs,
+        decode_points,
+        measure_decode,
+        paged_over_contiguous,
+    )
 
     require_gpu()
     points = decode_points(batches, cache_lens, [(32, 8), (8, 1)])
@@ -220,6 +225,7 @@ def _bench_decode(batches: list[int], cache_lens: list[int], impls: str | None, 
     table.add_column("point")
     for name in names:
         table.add_column(name, justify="right")
+    table.add_column("paged / contiguous", justify="right")
     rows = []
     for point in dict.fromkeys(r.point for r in results):
         mine = {r.impl: r for r in results if r.point == point}
@@ -234,6 +240,8 @@ def _bench_decode(batches: list[int], cache_lens: list[int], impls: str | None, 
             ratio = f" {gbs / base:.2f}x" if base else ""
             cells.append(f"{gbs:.0f} ({bandwidth_gbs(r, device=True):.0f}) "
                          f"{100 * gbs / roof:.0f}%{ratio}")
+        paged = paged_over_contiguous(mine)
+        cells.append("-" if paged is None else f"{paged[0]:.3f} ({paged[1]:.3f})")
         table.add_row(f"B={point.batch} L={point.seqlen_k} {point.heads}/{point.kv_heads}",
                       *cells)
         rows += [{**r.to_dict(), "gbs": bandwidth_gbs(r),
