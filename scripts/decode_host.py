@@ -51,9 +51,8 @@ def parts(q, k, v, seqlens, table) -> dict[str, float]:
     merged = (out, lse, call.scratch(q)[-1]) if call.serial else (None, None, None)
     pieces = {
         **whole,
-        "signature lookup": lambda i: decode._lookup(lambda: (
-            decode._meta(q), decode._meta(k), decode._meta(v), None, None,
-            decode._meta(seqlens), None, decode._meta(table), None, (None, False, (-1, -1), 0))),
+        "signature lookup": lambda i: decode._lookup(
+            q, k, v, None, None, seqlens, None, table, None, (None, False, (-1, -1), 0)),
         "output allocation": lambda i: torch.empty_like(q, memory_format=torch.contiguous_format),
         "scratch lookup": lambda i: call.scratch(q),
         "decode launch": lambda i: call.decode(q, k, v, seqlens, None, table, partial_out,

@@ -30,6 +30,11 @@
 #            the device's clock, contiguous and paged
 #            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
 #            timeline: each call's period, busy and idle time)
+#   hostab REV  decode_host.py and gemm_host.py with the source tree in .ab/REV (carried, as
+#            for ab) and with this one, alternating, twice (host-side changes)
+#   regimes [--points B:KEYS:HQ:HKV,...] a decoding call's host time with the device drained
+#            against queued behind work, beside SDPA flash and a 1-element add_
+#            (scripts/launch_regimes.py)
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
 #            peers at issue 20's anchor shapes
@@ -118,6 +123,23 @@ case $mode in
     ;;
   decspans)
     python3 scripts/decode_spans.py --out "$OUT/decspans" "${@:2}" 2>&1 | grep -v Warning \
+      | tee -a "$log"
+    ;;
+  hostab)
+    # Host time only: both trees share one kernel cache (their kernels' sources are the same).
+    for round in 1 2; do
+      for tree in "$2" this; do
+        root=$PWD; [ "$tree" = this ] || root=$PWD/.ab/$tree
+        for script in decode_host gemm_host; do
+          (cd "$root" && PYTHONPATH=$root/src:${PYTHONPATH:-} python3 "scripts/$script.py" \
+            --out "$OUT/$tree-$round-$script") 2>&1 | grep -v "Warning\|exe_args" \
+            | sed "s/^/$tree $round: /" | tee -a "$log"
+        done
+      done
+    done
+    ;;
+  regimes)
+    python3 scripts/launch_regimes.py --out "$OUT/regimes" "${@:2}" 2>&1 | grep -v Warning \
       | tee -a "$log"
     ;;
   ab|bwdab)

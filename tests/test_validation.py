@@ -316,3 +316,12 @@ def test_packed_sequence_beyond_32bit_indexing_rejected() -> None:
     validation.check_varlen_inputs(q, k, k, cu, cu, 2**19, 2**20, **kwargs)
     with pytest.raises(ValueError, match=r"k: one sequence spans \d+ elements"):
         validation.check_varlen_inputs(q, k, k, cu, cu, 2**19, 2**21 + 1, **kwargs)
+
+
+def test_wants_grad_sees_any_tensor_that_requires_grad_and_only_in_grad_mode():
+    plain, leaf = torch.zeros(2), torch.zeros(2, requires_grad=True)
+    assert not validation.wants_grad(plain, None, 3, "x")
+    assert validation.wants_grad(plain, None, leaf)
+    assert validation.wants_grad(leaf)
+    with torch.no_grad():
+        assert not validation.wants_grad(plain, leaf)

@@ -87,6 +87,17 @@ class Problem:
         return str(self.dtype).removeprefix("torch.")
 
 
+def wants_grad(*tensors: object) -> bool:
+    """Whether grad mode is on and one of ``tensors`` (None and non-tensors skipped) requires
+    grad: what the inference-only calls refuse. A plain loop: it runs on every call of a
+    host-bound path (a generator over the arguments cost 0.14 us more a call here)."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                return True
+    return False
+
+
 def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,6 +18,7 @@ from attnlab.gemm.dispatch import Plan, plan
 from attnlab.gemm_config import GemmConfig, element_bytes
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, ReduceSpec, binary_config
 from attnlab.runtime import remember
+from attnlab.validation import wants_grad
 
 #: Largest split-K partials a call signature keeps between calls (per stream).
 SCRATCH_BYTES = 32 << 20
@@ -74,8 +75,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = 
 def refuse_autograd(*tensors: object) -> None:
     """The GEMMs have no backward: an input that requires grad (with grad mode on) would get a
     result silently cut from the graph, so it is refused."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in tensors):
+    if wants_grad(*tensors):
         raise RuntimeError("attnlab.gemm has no backward pass: an input requires grad. Use "
                            "torch.matmul for training, or call under torch.no_grad()")
 
