@@ -262,7 +262,8 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     sass_text = disassemble(art.cubin)
     ops = histogram(parse(sass_text))
     bodies = (3 if windowed else 2) + cfg.intra_wg_overlap
-    assert cfg.intra_wg_overlap and cfg.pingpong
+    # Turns between the warpgroups everywhere but hd128 unmasked (measured faster without).
+    assert cfg.intra_wg_overlap and cfg.pingpong == (windowed or head_dim != 128)
     assert ops["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0

@@ -73,6 +73,10 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: +10% over its one-CTA tile at 4k-16k (the Hopper table's shapes). hd128 keeps the static
 #: walk where it balances (+2 to +4% over the counter at 4k and 8k; the dispatcher hands an
 #: unbalanced walk to the counter: +8% at 16k); hd192, even on every grid, one CTA per tile.
+#: hd128 unmasked without the warpgroups' turns (thirty-third session, seq 2k-16k, same runs):
+#: +0.7 to +3.7 % device only on an H100 and -0.1 to +1.9 % on an H200, +0.3 to +2.5 % end to
+#: end; under a mask the turns stay (-1.4 to -3.7 % without them); at hd192 / hd256 they are
+#: even (within 1 %), at hd32-96 with three warpgroups dropping them loses up to 11 % (hd64).
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
@@ -85,7 +89,7 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True,
                  **_DYNAMIC},
-    (128, False): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
+    (128, False): {"block_n": 128, "kv_stages": 2, "pingpong": False, **_PERSISTENT},
     (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
@@ -125,9 +129,9 @@ _SHORT_KV_TILE = {"block_n": 80, "fence_p": True}
 _SHORT_KV_HEAD_DIMS = (64, 128)
 _FA3_SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
-    key: {**tile, **_FA3_SCHEDULE} for key, tile in _WGMMA_TILES.items()}
+    key: {**_FA3_SCHEDULE, **tile} for key, tile in _WGMMA_TILES.items()}
 SM90A_SHORT_MASKED_KNOBS: dict[int, dict[str, object]] = {
-    head_dim: {**tile, **_FA3_SCHEDULE} for head_dim, tile in _SHORT_MASKED_TILES.items()}
+    head_dim: {**_FA3_SCHEDULE, **tile} for head_dim, tile in _SHORT_MASKED_TILES.items()}
 
 
 def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
