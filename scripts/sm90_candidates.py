@@ -56,6 +56,11 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
 #: The one-CTA-per-tile masked tiles of the balance rule's time (nineteenth session), against
 #: the counter at the same lengths.
 VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
+#: Unmasked hd128 without the turns (thirty-third session): a third K/V stage, and wider K/V
+#: blocks (FA3's hd128 tile is 128 x 176, with turns).
+VARIANTS[128].update(kv3={"kv_stages": 3}, pingpong={"pingpong": True}, **{
+    f"bc{width}": {"block_n": width, "fence_p": True} for width in (144, 160, 176)},
+    bc176_pingpong={"block_n": 176, "fence_p": True, "pingpong": True})
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 

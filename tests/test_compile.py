@@ -195,13 +195,15 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     """``attnlab ladder --family sm90``: the wgmma kernel, then one technique per step, each
     against the row before it; at hd64 every step builds without a spill, the overlap adds one
     copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
-    barriers, the persistent grid no MMA, the third consumer warpgroup only its own 64-row
-    atom (HGMMA per warpgroup unchanged) and 128 threads."""
+    barriers, the persistent grid no MMA, dropping the turns again only their barriers, the
+    third consumer warpgroup only its own 64-row atom (HGMMA per warpgroup unchanged) and 128
+    threads."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     assert ladder.named_for("sm_80", 64, "sm90") == {}
-    assert rows["wg_persistent"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_free"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_persistent"] == policy.default_for("sm_90a", 128, windowed=True)
     assert rows["wg_tall"] == policy.default_for("sm_90a", 64)
     ops = {}
     for name, cfg in rows.items():
@@ -214,6 +216,8 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_overlap"]["HGMMA"] == ops["wg_pingpong"]["HGMMA"] == 3 * gemms
     assert ops["wg_pingpong"]["BAR"] == ops["wg_overlap"]["BAR"] + 2 * 2 + 1
     assert ops["wg_persistent"]["HGMMA"] == ops["wg_tall"]["HGMMA"] == 3 * gemms
+    assert ops["wg_free"]["HGMMA"] == 3 * gemms
+    assert ops["wg_free"]["BAR"] < ops["wg_persistent"]["BAR"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
 
 

@@ -74,8 +74,8 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: walk where it balances (+2 to +4% over the counter at 4k and 8k; the dispatcher hands an
 #: unbalanced walk to the counter: +8% at 16k); hd192, even on every grid, one CTA per tile.
 #: hd128 unmasked without the warpgroups' turns (thirty-third session, seq 2k-16k, same runs):
-#: +0.7 to +3.7 % device only on an H100 and -0.1 to +1.9 % on an H200, +0.3 to +2.5 % end to
-#: end; under a mask the turns stay (-1.4 to -3.7 % without them); at hd192 / hd256 they are
+#: +0.7 to +3.7 % device only on an H100 and +0.1 to +2.1 % on an H200, +0.3 to +2.5 % end to
+#: end; under a mask the turns stay (-1.1 to -3.7 % without them); at hd192 / hd256 they are
 #: even (within 1 %), at hd32-96 with three warpgroups dropping them loses up to 11 % (hd64).
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
