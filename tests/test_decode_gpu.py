@@ -84,6 +84,47 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def grouped_merge(monkeypatch):
+    """Serial merges of up to 128 splits, in groups of 16 (``decode.SERIAL_MERGE_GROUP``);
+    the call memo emptied before and after, as its keys do not hold these constants."""
+    from attnlab import decode
+
+    decode._calls.clear()
+    monkeypatch.setattr(decode, "SERIAL_MERGE_GROUP", 16)
+    monkeypatch.setattr(decode, "SERIAL_MERGE_SPLITS", 128)
+    yield decode
+    decode._calls.clear()
+
+
+# 17: a group of 16 and one of 1; 40: 16, 16 and 8; 64 over 12 blocks: most splits empty.
+@pytest.mark.parametrize("num_splits", [17, 40, 64])
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 1, 2, 3, 6)],
+                         ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
+def test_grouped_serial_merge_matches_the_reference(grouped_merge, case, num_splits):
+    batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
+    dt = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(7 * batch + head_dim + num_splits)
+    capacity = 1500
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
+                                         page_size)
+    lengths = [0 if b == 1 else 1 + (977 * (b + 1)) % capacity for b in range(batch)]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dt, gen=gen)
+    scale = 1 / math.sqrt(head_dim)
+    for _ in range(2):  # the second call finds the counters the first left at zero
+        out = torch.full_like(q, math.nan)
+        got, lse = attnlab.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+            softmax_scale=scale, window_size=window, num_splits=num_splits, return_lse=True,
+            out=out)
+    torch.cuda.synchronize()
+    call = next(iter(grouped_merge._calls.values()))
+    assert call.serial and call.groups == -(-num_splits // 16)
+    ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, window, scale)
+    check(got, lse, ref_out, ref_lse, dt, f"{case} splits={num_splits} grouped")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
 # 3, 0 (auto: at most 12 here) and 32: merged serially; 64 (most of them empty): by the combine.
