@@ -350,32 +350,36 @@ class FlashDecode:
         tile's counter, whose last merges the groups': a merge of many splits no longer rests
         on one CTA walking all of them."""
         G = self.spec.merge_group
+        where = (arrival, batch, head_kv, group, row0, rows, tidx)
         if cutlass.const_expr(G == 0):
-            if count_in(t.counters, tile, arrival, 0, tidx == 0, t.num_splits - 1,
-                        NamedBarrier.CTA, THREADS):
-                self._merge(t, 0, t.num_splits, t.merged_out, t.merged_lse, batch, batch,
-                            head_kv, group, row0, rows, tidx)
-                if tidx == 0:
-                    t.counters[tile] = 0
+            self._last_merges(t, tile, 0, t.num_splits, t.merged_out, t.merged_lse, batch,
+                              where)
         else:
             groups = cute.ceil_div(t.num_splits, G)
             g = split // G
             first = g * G
             tiles = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1]
-            counter = tiles + tile * groups + g
-            if count_in(t.counters, counter, arrival, 0, tidx == 0,
-                        cutlass.min(G, t.num_splits - first) - 1, NamedBarrier.CTA, THREADS):
-                self._merge(t, first, cutlass.min(G, t.num_splits - first), t.out, t.lse,
-                            (t.num_splits + g) * t.q.shape[0] + batch, batch, head_kv, group,
-                            row0, rows, tidx)
-                if tidx == 0:
-                    t.counters[counter] = 0
-                if count_in(t.counters, tile, arrival, 0, tidx == 0, groups - 1,
-                            NamedBarrier.CTA, THREADS):
-                    self._merge(t, t.num_splits, groups, t.merged_out, t.merged_lse, batch,
-                                batch, head_kv, group, row0, rows, tidx)
-                    if tidx == 0:
-                        t.counters[tile] = 0
+            if self._last_merges(t, tiles + tile * groups + g, first,
+                                 cutlass.min(G, t.num_splits - first), t.out, t.lse,
+                                 (t.num_splits + g) * t.q.shape[0] + batch, where):
+                self._last_merges(t, tile, t.num_splits, groups, t.merged_out, t.merged_lse,
+                                  batch, where)
+
+    @cute.jit
+    def _last_merges(self, t: DecodeArgs, counter, first, count, dst_out: cute.Tensor,
+                     dst_lse: cute.Tensor, dst_batch, where: tuple) -> cutlass.Boolean:
+        """Count ``count`` partial rows' CTAs in at ``counters[counter]``; the last merges rows
+        ``first .. first + count`` into ``dst_out`` / ``dst_lse`` at ``dst_batch`` and zeroes
+        the counter. True for that CTA."""
+        arrival, batch, head_kv, group, row0, rows, tidx = where
+        last = count_in(t.counters, counter, arrival, 0, tidx == 0, count - 1,
+                        NamedBarrier.CTA, THREADS)
+        if last:
+            self._merge(t, first, count, dst_out, dst_lse, dst_batch, batch, head_kv, group,
+                        row0, rows, tidx)
+            if tidx == 0:
+                t.counters[counter] = 0
+        return last
 
     @cute.jit
     def _merge(self, t: DecodeArgs, first, count, dst_out: cute.Tensor, dst_lse: cute.Tensor,
