@@ -8,8 +8,7 @@ ring, all through the same kernels (``kernels/common/decode.py`` and the combine
 round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
 split count (what the merge costs). ``--merge``: instead, the combine kernel against the
-serial merge (the last split merges) and the grouped one (the last of each 16 splits, then
-the last group) at the default split count, contiguous and paged,
+serial merge (the last split merges) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page).
 Results go to OUT/decode_candidates.json.
@@ -36,8 +35,6 @@ from attnlab.bench.timing import (
 from attnlab.decode import choose_splits, decode_tile
 from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
 
-#: Splits per group of the ``"grouped"`` serial merge (``DecodeSpec.merge_group``).
-MERGE_GROUP = 16
 POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, heads_kv=1),
           Point(1, 1, 131072, 8, 128, heads_kv=1), Point(1, 1, 4096, 32, 128, heads_kv=8),
           Point(8, 1, 4096, 32, 128, heads_kv=8), Point(8, 1, 32768, 32, 128, heads_kv=8),
@@ -47,24 +44,21 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
            merge: str | None = "kernel"):
     """One variant's call; ``merge``: how a split decoding's partials are merged (by the
-    combine ``"kernel"``, by the last split: ``"serial"``, by the last of each group of
-    ``MERGE_GROUP`` splits and then the last group: ``"grouped"``; None: not at all)."""
+    combine ``"kernel"``, by the last split: ``"serial"``; None: not at all)."""
     info = device.info(torch.device("cuda"))
-    serial = merge in ("serial", "grouped") and splits > 1
-    group = MERGE_GROUP if serial and merge == "grouped" else 0
-    groups = math.ceil(splits / group) if group else 0
+    serial = merge == "serial" and splits > 1
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
-                      kpw, stages, serial_merge=serial, merge_group=group)
+                      kpw, stages, serial_merge=serial)
     decode = kernel_cache.get(spec).fn
     combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
                if merge == "kernel" else None)
     b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
-    tiles = b * point.kv_heads * math.ceil(hq // point.kv_heads * sq / 16)
-    counters = torch.zeros(tiles * (1 + groups), dtype=torch.int32, device="cuda")
+    counters = torch.zeros(b * point.kv_heads * math.ceil(hq // point.kv_heads * sq / 16),
+                           dtype=torch.int32, device="cuda")
     out = torch.empty(b, sq, hq, d, dtype=point.torch_dtype, device="cuda")
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device="cuda")
-    part = torch.empty((splits + groups) * b, sq, hq, d, dtype=torch.float32, device="cuda")
-    part_lse = torch.empty((splits + groups) * b, hq, sq, dtype=torch.float32, device="cuda")
+    part = torch.empty(splits * b, sq, hq, d, dtype=torch.float32, device="cuda")
+    part_lse = torch.empty(splits * b, hq, sq, dtype=torch.float32, device="cuda")
     left, right = encode_window((-1, -1))
     scale = d ** -0.5
 
@@ -116,7 +110,7 @@ def main() -> None:
                         point, sets, False, splits, stages, kpw, "kernel" if combine else None)
         if args.merge:
             for paged in (False, True):
-                for merge in ("kernel", "serial", "grouped"):
+                for merge in ("kernel", "serial"):
                     variants[f"{'paged' if paged else 'contiguous'} {merge}"] = runner(
                         point, sets, paged, auto, stages, kpw, merge)
         # (keys per warp, stages, splits): the default, a stage deeper (three 128-key blocks

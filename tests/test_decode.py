@@ -128,28 +128,6 @@ def test_serial_merge_counts_each_split_in_once(arch, tmp_path):
     assert ops[True]["LDG"] - ops[False]["LDG"] >= 2 * MERGE_SPLITS
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_grouped_serial_merge_counts_in_twice(arch, tmp_path):
-    """With ``merge_group`` a split counts in at its group's counter, and the group's last at
-    the tile's: two atomic adds, each behind a release fence; the one-level serial merge's
-    walk and stores, twice (a group's rows into the partials, the groups' into the output),
-    without spills."""
-    keys_per_warp, stages = decode_tile(128, arch)
-    ops = {}
-    for group in (0, 16):
-        spec = DecodeSpec(arch, "bfloat16", 128, split=True, keys_per_warp=keys_per_warp,
-                          kv_stages=stages, serial_merge=True, merge_group=group)
-        art = compile_spec(spec, tmp_path / str(group))
-        text = disassemble(art.cubin)
-        ops[group] = histogram(parse(text))
-        assert not read_resources(art.cubin, text).spills
-    assert ops[0]["ATOMG"] == 1 and ops[16]["ATOMG"] == 2
-    # A second merge: its vector and LSE stores and the second counter's reset.
-    assert ops[16]["STG"] - ops[0]["STG"] == 3
-    assert ops[16]["LDG"] - ops[0]["LDG"] >= 2 * MERGE_SPLITS
-    assert DecodeSpec(arch, "bfloat16", 128, merge_group=16).variant() == "_g16"
-
-
 @pytest.mark.parametrize("head_dim", [96, 128, 256])
 def test_combine_shares_a_rows_splits_out_over_the_cta(tmp_path, head_dim):
     """A CTA per row: one LSE load per thread and round for the max, then per split of a

@@ -84,63 +84,30 @@ CASES = [
 ]
 
 
-def check_ragged(case, dt, seed, num_splits, calls=1, what=""):
-    """``case`` (of ``CASES``) on a 1500-key cache with ragged lengths (one of them 0 when
-    there are several sequences) against the fp64 reference, after ``calls`` calls into an
-    output poisoned with NaN."""
-    batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    capacity = 1500
-    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
-                                         page_size)
-    lengths = [0 if b == 1 else 1 + (977 * (b + 1)) % capacity for b in range(batch)]
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    q = randn(batch, seqlen_q, heads, head_dim, dtype=dt, gen=gen)
-    scale = 1 / math.sqrt(head_dim)
-    for _ in range(calls):
-        out = torch.full_like(q, math.nan)
-        got, lse = attnlab.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
-            softmax_scale=scale, window_size=window, num_splits=num_splits, return_lse=True,
-            out=out)
-    torch.cuda.synchronize()
-    assert got.data_ptr() == out.data_ptr()
-    ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, window, scale)
-    check(got, lse, ref_out, ref_lse, dt, f"{case} splits={num_splits}{what}")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
 # 3, 0 (auto: at most 12 here) and 32: merged serially; 64 (most of them empty): by the combine.
 @pytest.mark.parametrize("num_splits", [1, 3, 0, 32, 64])
 def test_matches_the_reference_over_ragged_caches(case, dtype, num_splits):
-    batch, seqlen_q, _, _, head_dim = case[:5]
-    check_ragged(case, DTYPES[dtype], batch * 131 + head_dim + seqlen_q, num_splits)
-
-
-@pytest.fixture
-def grouped_merge(monkeypatch):
-    """Serial merges of up to 128 splits, in groups of 16 (``decode.SERIAL_MERGE_GROUP``);
-    the call memo emptied before and after, as its keys do not hold these constants."""
-    from attnlab import decode
-
-    decode._calls.clear()
-    monkeypatch.setattr(decode, "SERIAL_MERGE_GROUP", 16)
-    monkeypatch.setattr(decode, "SERIAL_MERGE_SPLITS", 128)
-    yield decode
-    decode._calls.clear()
-
-
-# 17: a group of 16 and one of 1; 40: 16, 16 and 8; 64 over 12 blocks: most splits empty.
-@pytest.mark.parametrize("num_splits", [17, 40, 64])
-@pytest.mark.parametrize("case", [CASES[i] for i in (0, 1, 2, 3, 6)],
-                         ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
-def test_grouped_serial_merge_matches_the_reference(grouped_merge, case, num_splits):
-    # Two calls: the second finds the counters the first left at zero.
-    check_ragged(case, torch.bfloat16, 7 * case[0] + case[4] + num_splits, num_splits,
-                 calls=2, what=" grouped")
-    call = next(iter(grouped_merge._calls.values()))
-    assert call.serial and call.groups == -(-num_splits // 16)
+    batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
+    dt = DTYPES[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + head_dim + seqlen_q)
+    capacity = 1500
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
+                                         page_size)
+    # Ragged lengths, one of them 0 when there are several sequences.
+    lengths = [0 if b == 1 else 1 + (977 * (b + 1)) % capacity for b in range(batch)]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dt, gen=gen)
+    scale = 1 / math.sqrt(head_dim)
+    out = torch.full_like(q, math.nan)
+    got, lse = attnlab.attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, softmax_scale=scale,
+        window_size=window, num_splits=num_splits, return_lse=True, out=out)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr()
+    ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, lengths, window, scale)
+    check(got, lse, ref_out, ref_lse, dt, f"{case} splits={num_splits}")
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -43,9 +43,6 @@ SERIAL_MERGE_SPLITS = 32
 #: ... of up to this many K/V blocks each (longer walks: the combine kernel, see
 #: ``serial_merge``).
 SERIAL_MERGE_BLOCKS = 4
-#: Splits a serial merge merges per group before merging the groups (``DecodeSpec.
-#: merge_group``); 0: one level. Built and tested, not yet measured (thirty-third session).
-SERIAL_MERGE_GROUP = 0
 #: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
 #: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
 CTAS_PER_SM = 1
@@ -279,16 +276,11 @@ class _DecodeCall:
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))
         self.serial = serial_merge(self.splits, kv_blocks)
-        group_size = SERIAL_MERGE_GROUP if self.serial else 0
-        #: Partial rows a group merge adds past the splits' (``DecodeSpec.merge_group``).
-        self.groups = math.ceil(self.splits / group_size) if group_size else 0
-        #: Counters of a serial merge: one per (query tile, sequence x K/V head), and one per
-        #: group of each with ``merge_group``.
-        self.counters = tiles * batch * heads_kv * (1 + self.groups) if self.serial else 0
+        #: Counters of a serial merge: one per (query tile, sequence x K/V head).
+        self.tiles = tiles * batch * heads_kv
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
                           self.splits > 1, keys_per_warp, stages,
-                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial,
-                          group_size)
+                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial)
         self.decode = kernel_cache.get(spec).fn
         self.combine = self.split_decode = None
         if self.splits > 1:
@@ -296,7 +288,7 @@ class _DecodeCall:
             # combine kernel's shorter device time wins (``serial_merge``); both are built
             # here, as a capture may not load modules.
             self.split_decode = (kernel_cache.get(dataclasses.replace(
-                spec, serial_merge=False, merge_group=0)).fn if self.serial else self.decode)
+                spec, serial_merge=False)).fn if self.serial else self.decode)
             self.combine = kernel_cache.get(CombineSpec(info.arch, dtype, head_dim)).fn
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
         self._filled: tuple[int, torch.Tensor] | None = None
@@ -320,12 +312,13 @@ class _DecodeCall:
         partials before the call's last launch ends, and the kernel leaves the counters
         zero."""
         batch, seqlen_q, heads_q, head_dim = q.shape
-        rows = self.splits + self.groups if self.splits > 1 else 0
+        splits = self.splits if self.splits > 1 else 0
         return device.per_stream(self._scratch, q.device, lambda: (
             *(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
-                (rows * batch, seqlen_q, heads_q, head_dim),
-                (rows * batch, heads_q, seqlen_q), (batch, heads_q, seqlen_q))),
-            torch.zeros(self.counters, dtype=torch.int32, device=q.device)))
+                (splits * batch, seqlen_q, heads_q, head_dim),
+                (splits * batch, heads_q, seqlen_q), (batch, heads_q, seqlen_q))),
+            torch.zeros(self.tiles if self.serial else 0, dtype=torch.int32,
+                        device=q.device)))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                  out, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -302,9 +302,7 @@ class DecodeSpec(FlatSpec):
     counter) merges the tile's partials into the output; ``keys_per_warp``: each warp's
     slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
     the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
-    offset is computed for each (else K's serves both); ``merge_group`` (with
-    ``serial_merge``; 0: one level): the splits merge per group of this many first, then the
-    groups (partials of ``splits + groups`` rows, counters ``tiles * (1 + groups)``)."""
+    offset is computed for each (else K's serves both)."""
 
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
@@ -322,14 +320,10 @@ class DecodeSpec(FlatSpec):
     kv_stages: int = 2
     v_strides: bool = False
     serial_merge: bool = False
-    merge_group: int = 0
 
     @property
     def label(self) -> str:
         return f"decode({self.keys_per_warp * DECODE_WARPS}, {self.kv_stages})"
-
-    def variant(self) -> str:
-        return super().variant() + (f"_g{self.merge_group}" if self.merge_group else "")
 
 
 #: Warps of a decoding CTA: each takes its own slice of every K/V block.
@@ -352,9 +346,8 @@ class DecodeArgs(NamedTuple):
         num_splits: K/V ranges per (query block, sequence, K/V head).
         merged_out, merged_lse: with ``serial_merge``, the output and its LSE (as the unsplit
             ``out`` and ``lse``), written by each tile's last split; else None.
-        counters: with ``serial_merge``, int32, one per (query tile, sequence x K/V head)
-            (with ``merge_group``, then one per group of each), zero before the launch and
-            left zero; else None.
+        counters: with ``serial_merge``, int32, one per (query tile, sequence x K/V head),
+            zero before the launch and left zero; else None.
     """
 
     q: Any

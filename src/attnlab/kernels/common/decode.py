@@ -28,8 +28,7 @@ kernel is built for bandwidth, not for tensor-core rate.
   counts last merges the tile's partials and resets the counter (GEMM's serial split-K). One
   launch per call instead of two: the second launch's host time and its device ramp go,
   paid for by a merge at the end of the last split, which is short while a tile has few
-  splits. With ``merge_group`` the splits merge in two levels (per group of splits, then the
-  groups), so many splits' merge is spread over one CTA per group.
+  splits.
 """
 
 import cuda.bindings.driver as cuda
@@ -246,9 +245,13 @@ class FlashDecode:
         cute.arch.sync_threads()
         self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
         if cutlass.const_expr(self.serial):
-            self._merge_in(t, storage.arrival.get_tensor(cute.make_layout(1)),
-                           bh * cute.arch.grid_dim()[0] + m_block, split, batch, head_kv,
-                           group, row0, rows, tidx)
+            arrival = storage.arrival.get_tensor(cute.make_layout(1))
+            counter = bh * cute.arch.grid_dim()[0] + m_block
+            if count_in(t.counters, counter, arrival, 0, tidx == 0, t.num_splits - 1,
+                        NamedBarrier.CTA, THREADS):
+                self._merge(t, batch, head_kv, group, row0, rows, tidx)
+                if tidx == 0:
+                    t.counters[counter] = 0
 
     @cute.jit
     def _locate(self, located: tuple, thr_load, t: DecodeArgs, n_block, seqlen_k,
@@ -341,56 +344,13 @@ class FlashDecode:
                         s_mn[r, c] = -cutlass.Float32.inf
 
     @cute.jit
-    def _merge_in(self, t: DecodeArgs, arrival: cute.Tensor, tile, split, batch, head_kv,
-                  group, row0, rows, tidx):
-        """This split counted in at its tile's counter; the last merges the tile (``_merge``)
-        and zeroes the counter. With ``merge_group`` G, two levels: splits count in per group
-        of G at counter ``tiles + tile * groups + g``, the group's last merges its partials
-        into partial row ``num_splits + g`` (rows past the splits'), then counts in at the
-        tile's counter, whose last merges the groups': a merge of many splits no longer rests
-        on one CTA walking all of them."""
-        G = self.spec.merge_group
-        where = (arrival, batch, head_kv, group, row0, rows, tidx)
-        if cutlass.const_expr(G == 0):
-            self._last_merges(t, tile, 0, t.num_splits, t.merged_out, t.merged_lse, batch,
-                              where)
-        else:
-            groups = cute.ceil_div(t.num_splits, G)
-            g = split // G
-            first = g * G
-            tiles = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1]
-            if self._last_merges(t, tiles + tile * groups + g, first,
-                                 cutlass.min(G, t.num_splits - first), t.out, t.lse,
-                                 (t.num_splits + g) * t.q.shape[0] + batch, where):
-                self._last_merges(t, tile, t.num_splits, groups, t.merged_out, t.merged_lse,
-                                  batch, where)
-
-    @cute.jit
-    def _last_merges(self, t: DecodeArgs, counter, first, count, dst_out: cute.Tensor,
-                     dst_lse: cute.Tensor, dst_batch, where: tuple) -> cutlass.Boolean:
-        """Count ``count`` partial rows' CTAs in at ``counters[counter]``; the last merges rows
-        ``first .. first + count`` into ``dst_out`` / ``dst_lse`` at ``dst_batch`` and zeroes
-        the counter. True for that CTA."""
-        arrival, batch, head_kv, group, row0, rows, tidx = where
-        last = count_in(t.counters, counter, arrival, 0, tidx == 0, count - 1,
-                        NamedBarrier.CTA, THREADS)
-        if last:
-            self._merge(t, first, count, dst_out, dst_lse, dst_batch, batch, head_kv, group,
-                        row0, rows, tidx)
-            if tidx == 0:
-                t.counters[counter] = 0
-        return last
-
-    @cute.jit
-    def _merge(self, t: DecodeArgs, first, count, dst_out: cute.Tensor, dst_lse: cute.Tensor,
-               dst_batch, batch, head_kv, group, row0, rows, tidx):
-        """The tile's rows merged over partial rows ``first .. first + count`` (O, LSE), as the
-        combine kernel merges them, into ``dst_out`` / ``dst_lse`` at batch index
-        ``dst_batch``. The threads deal out the tile's (row, 4 columns) items (rows past the
-        sequence's left out); each walks its item's partials once, rescaling the sums whenever
-        the largest LSE so far grows: no load depends on the sums, so ``MERGE_SPLITS``
-        partials' loads are in flight together, where finding the largest LSE first would
-        cost a second pass."""
+    def _merge(self, t: DecodeArgs, batch, head_kv, group, row0, rows, tidx):
+        """The tile's rows merged over every split's partial (O, LSE), as the combine kernel
+        merges them, into ``merged_out`` and ``merged_lse``. The threads deal out the tile's
+        (row, 4 columns) items (rows past the sequence's left out); each walks its item's
+        splits once, rescaling the sums whenever the largest LSE so far grows: no load
+        depends on the sums, so ``MERGE_SPLITS`` splits' loads are in flight together, where
+        finding the largest LSE first would cost a second pass."""
         D, vec, batch_size = self.head_dim, 4, t.q.shape[0]
         per_row = D // vec
         items = (cutlass.min(rows - row0, TILE_ROWS)) * per_row
@@ -401,7 +361,7 @@ class FlashDecode:
             top = -cutlass.Float32.inf
             total = cutlass.Float32(0.0)
             acc.fill(0.0)
-            for s in cutlass.range(first, first + count, unroll=MERGE_SPLITS):
+            for s in cutlass.range(t.num_splits, unroll=MERGE_SPLITS):
                 split_row = s * batch_size + batch
                 lse_s = t.lse[split_row, head, pos]
                 part = cute.local_tile(t.out[split_row, pos, head, None], (vec,),
@@ -415,10 +375,10 @@ class FlashDecode:
                 top = new_top
             safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
             inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
-            dst = cute.local_tile(dst_out[dst_batch, pos, head, None], (vec,), (c // vec,))
-            dst.store((acc.load() * inverse).to(dst_out.element_type))
+            dst = cute.local_tile(t.merged_out[batch, pos, head, None], (vec,), (c // vec,))
+            dst.store((acc.load() * inverse).to(t.merged_out.element_type))
             if c == 0:
-                dst_lse[dst_batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
+                t.merged_lse[batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
 
     @cute.jit
     def _write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor, batch, split,
