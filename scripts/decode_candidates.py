@@ -1,11 +1,11 @@
-"""Time decoding-kernel candidates (block keys, split counts, ring stages) on the GPU, device
-only.
+"""Time decoding-kernel candidates (split counts, merges) on the GPU.
 
 Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged] [--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
-``attention_with_kvcache`` picks) against 64-key blocks, other split counts and a deeper K/V
-ring, all through the same kernels (``kernels/common/decode.py`` and the combine),
-round-robin on the same inputs; GB/s of K/V read, median of the runs. ``--combine``: instead,
+``attention_with_kvcache`` picks) against a half, a quarter and an eighth of its split count,
+each merged as the call would merge it, all through the same kernels
+(``kernels/common/decode.py`` and the combine), round-robin on the same inputs; GB/s of K/V
+read, median of the runs, device only and end to end (back-to-back calls). ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
 split count (what the merge costs). ``--merge``: instead, the combine kernel against the
 serial merge (the last split merges) at the default split count, contiguous and paged,
@@ -32,13 +32,14 @@ from attnlab.bench.timing import (
     sample_interleaved,
     summarize,
 )
-from attnlab.decode import choose_splits, decode_tile
+from attnlab.decode import choose_splits, decode_tile, serial_merge
 from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
 
 POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, heads_kv=1),
           Point(1, 1, 131072, 8, 128, heads_kv=1), Point(1, 1, 4096, 32, 128, heads_kv=8),
           Point(8, 1, 4096, 32, 128, heads_kv=8), Point(8, 1, 32768, 32, 128, heads_kv=8),
-          Point(1, 1, 32768, 8, 128, heads_kv=1), Point(1, 1, 4096, 8, 128, heads_kv=1)]
+          Point(1, 1, 32768, 8, 128, heads_kv=1), Point(1, 1, 4096, 8, 128, heads_kv=1),
+          Point(1, 1, 32768, 32, 128, heads_kv=8), Point(1, 1, 131072, 32, 128, heads_kv=8)]
 
 
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
@@ -113,23 +114,22 @@ def main() -> None:
                 for merge in ("kernel", "serial"):
                     variants[f"{'paged' if paged else 'contiguous'} {merge}"] = runner(
                         point, sets, paged, auto, stages, kpw, merge)
-        # (keys per warp, stages, splits): the default, a stage deeper (three 128-key blocks
-        # in flight: 198 KB of shared memory on sm_90), then 64-key blocks (half the shared
-        # memory: two CTAs per SM) with as many and with twice the splits.
         if args.paged:
             for paged in (False, True):
                 variants["paged" if paged else "contiguous"] = runner(
                     point, sets, paged, auto, stages, kpw)
-        for kpw_, st, splits in (() if args.combine or args.paged or args.merge else (
-                (kpw, stages, auto), (kpw, stages + 1, auto), (16, 2, auto),
-                (16, 2, min(128, 2 * auto)), (16, 3, min(128, 2 * auto)),
-                (kpw, stages, max(1, auto // 2)))):
-            variants[f"kpw={kpw_} stages={st} splits={splits}"] = runner(
-                point, sets, False, splits, st, kpw_)
+        if not (args.combine or args.paged or args.merge):
+            # The default tile at the chosen split count and at a half, a quarter and an
+            # eighth of it, each merged as ``attention_with_kvcache`` would merge it.
+            blocks = math.ceil(point.seqlen_k / (kpw * DECODE_WARPS))
+            for splits in sorted({max(1, auto // f) for f in (1, 2, 4, 8)}, reverse=True):
+                merge = "serial" if serial_merge(splits, blocks) else "kernel"
+                variants[f"splits={splits} {merge}"] = runner(point, sets, False, splits,
+                                                               stages, kpw, merge)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
         spans = (sample_back_to_back(variants, calls=dict.fromkeys(variants, MAX_CALLS_PER_SPAN),
                                      rounds=args.runs, rotations=len(sets))
-                 if args.merge else {})
+                 if not (args.combine or args.paged) else {})
         line = [f"{point.label()} (auto splits {auto}):"]
         for name, ms in samples.items():
             gbs = kv_bytes(point) / (summarize(ms).median_ms * 1e-3) / 1e9

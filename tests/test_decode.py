@@ -47,7 +47,7 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
     assert choose_splits(64, 256, 132) == 2      # not 3: 192 CTAs would take two waves
     assert choose_splits(512, 256, 132) == 1     # the grid already fills the GPU
     assert choose_splits(8, 4, 132) == 4         # never more splits than K/V blocks
-    assert choose_splits(1, 10_000, 132) == 128  # capped
+    assert choose_splits(1, 10_000, 132) == 64   # capped
 
 
 def test_short_walks_merge_in_the_decoding_kernel():

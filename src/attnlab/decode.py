@@ -35,8 +35,12 @@ from attnlab.kernels.abi import (
 from attnlab.runtime import remember
 from attnlab.validation import check_kvcache_inputs, check_kvcache_values, wants_grad
 
-#: Largest split count (each split's partial output is a [B, Sq, Hq, D] fp32 tensor).
-MAX_SPLITS = 128
+#: Largest split count the call picks itself (``num_splits=0``; up to 128 may be asked for).
+#: Each split's partial output is a [B, Sq, Hq, D] fp32 tensor, and every partial is read
+#: again to merge: where one tile's walk is split 128 ways (B = 1 MQA from 32k keys), 64
+#: splits read 1 x 32k 19 % and 1 x 128k 9 % faster on an H100, device only (thirty-fourth
+#: session, docs/decode.md).
+MAX_SPLITS = 64
 #: A split call merges serially (``serial_merge``) up to this many splits (more: the combine
 #: kernel's CTAs merge the rows side by side, one merging CTA would take longer)...
 SERIAL_MERGE_SPLITS = 32
