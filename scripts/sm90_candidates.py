@@ -61,6 +61,15 @@ VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
 VARIANTS[128].update(kv3={"kv_stages": 3}, pingpong={"pingpong": True}, **{
     f"bc{width}": {"block_n": width, "fence_p": True} for width in (144, 160, 176)},
     bc176_pingpong={"block_n": 176, "fence_p": True, "pingpong": True})
+#: FA4's B_c at hd192 (112) and one between ours and its 144 at hd96, now that ``fence_p``
+#: keeps such widths' P V one group (measured at half speed before it, twelfth session).
+for _head_dim in (96, 192):
+    VARIANTS[_head_dim]["bc112"] = {"block_n": 112, "fence_p": True}
+#: FA4's schedule above hd128 with the intra-warpgroup overlap: no turns, and O rescaled
+#: under the next S = Q K^T (each measured alone within 1 %, thirteenth and thirty-third
+#: sessions; not together).
+for _head_dim in (128, 192, 256):
+    VARIANTS[_head_dim]["rescale_first"] = {"pingpong": False, "rescale_o_before_pv": True}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 

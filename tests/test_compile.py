@@ -195,9 +195,9 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     """``attnlab ladder --family sm90``: the wgmma kernel, then one technique per step, each
     against the row before it; at hd64 every step builds without a spill, the overlap adds one
     copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
-    barriers, the persistent grid no MMA, dropping the turns again only their barriers, the
-    third consumer warpgroup only its own 64-row atom (HGMMA per warpgroup unchanged) and 128
-    threads."""
+    barriers, the persistent grid no MMA, dropping the turns again only their barriers (and
+    moving O's rescale ahead of P V no MMA either), the third consumer warpgroup only its own
+    64-row atom (HGMMA per warpgroup unchanged) and 128 threads."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
@@ -218,6 +218,8 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_persistent"]["HGMMA"] == ops["wg_tall"]["HGMMA"] == 3 * gemms
     assert ops["wg_free"]["HGMMA"] == 3 * gemms
     assert ops["wg_free"]["BAR"] < ops["wg_persistent"]["BAR"]
+    assert ops["wg_rescale_first"]["HGMMA"] == 3 * gemms
+    assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
 
 
@@ -266,8 +268,11 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     sass_text = disassemble(art.cubin)
     ops = histogram(parse(sass_text))
     bodies = (3 if windowed else 2) + cfg.intra_wg_overlap
-    # Turns between the warpgroups everywhere but hd128 unmasked (measured faster without).
-    assert cfg.intra_wg_overlap and cfg.pingpong == (windowed or head_dim != 128)
+    # Turns between the warpgroups everywhere but hd128 unmasked and hd256 (measured faster
+    # without), which rescales O under the next S = Q K^T.
+    assert cfg.intra_wg_overlap
+    assert cfg.pingpong == ((windowed or head_dim != 128) and head_dim != 256)
+    assert cfg.rescale_o_before_pv == (head_dim == 256)
     assert ops["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0

@@ -16,7 +16,7 @@ from attnlab.device import DeviceInfo
 from attnlab.tune.cache import SEQLEN_BUCKETS, TuneCache, TuneKey, seqlen_bucket
 from attnlab.tune.prune import Inspection
 from attnlab.tune.search import select_for_timing, summarize_pruning
-from attnlab.tune.space import ROW_SUM_CHAINS, knob_neighbours, search_space
+from attnlab.tune.space import ROW_SUM_CHAINS, WGMMA_SCHEDULES, knob_neighbours, search_space
 from attnlab.validation import Problem
 
 
@@ -51,7 +51,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
                                dynamic_tiles=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    assert tall in around and len(around) == len(set(around)) == 3 * 2 * 2 * 2
+    # Three ring depths, each schedule, two grids.
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 2
     assert {c.persistent for c in around} == {False, True}
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",

@@ -133,7 +133,9 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: shared memory has room for, which the default takes at hd32/hd64 without a mask (at hd128
 #: its tile needs 240 KB of shared memory, so the hd128 ladder has no such row). Off the
 #: persistent step, the warpgroups without their turns: the default at hd128 without a mask
-#: (thirty-third session; the turns paid on the one-CTA kernel, not on this one).
+#: (thirty-third session; the turns paid on the one-CTA kernel, not on this one); then O
+#: rescaled under the next S = Q K^T, FA4's order above hd128: with no turns, hd256's
+#: schedule (thirty-fourth session; at hd128 it loses 1.5 %).
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
 _PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
 _PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
@@ -143,6 +145,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_pingpong": _PINGPONG,
     "wg_persistent": _PERSISTENT,
     "wg_free": _PERSISTENT.replace(pingpong=False),
+    "wg_rescale_first": _PERSISTENT.replace(pingpong=False, rescale_o_before_pv=True),
     "wg_tall": _PERSISTENT.replace(block_m=192, num_warps=12, kv_stages=3),
 }
 #: The rows of each ``attnlab ladder --family``.
@@ -159,7 +162,7 @@ BASES: dict[str, str] = {
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
-    "wg_tall": "wg_persistent",
+    "wg_rescale_first": "wg_free",    "wg_tall": "wg_persistent",
 }
 
 #: What each step adds, for tables and plots.
@@ -193,6 +196,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_pingpong": "sm_90a: consumer warpgroups take turns at the MMAs",
     "wg_persistent": "sm_90a: persistent CTAs, next tile loaded under this one's store",
     "wg_free": "sm_90a: persistent, the warpgroups without turns",
+    "wg_rescale_first": "sm_90a: O rescaled under the next S = Q K^T",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
 }
 

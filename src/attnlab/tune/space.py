@@ -11,6 +11,13 @@ from attnlab.ladder import HOPPER_STEPS, INTERLEAVED_SOFTMAX, TMA_RING, family
 WGMMA_CONSUMERS = (1, 2, 3)
 WGMMA_BLOCK_N = (64, 80, 96, 128, 192)
 WGMMA_STAGES = (2, 3, 4)
+#: The consumer warpgroups' schedules: FA3's intra-warpgroup overlap and ping-pong, each on
+#: or off, and with the overlap and no turns O rescaled under the next S = Q K^T (hd256's
+#: default, thirty-fourth session).
+WGMMA_SCHEDULES = (
+    *({"intra_wg_overlap": overlap, "pingpong": pingpong, "rescale_o_before_pv": False}
+      for overlap, pingpong in itertools.product((False, True), (False, True))),
+    {"intra_wg_overlap": True, "pingpong": False, "rescale_o_before_pv": True})
 #: L2 section sizes (MiB of K/V) the refinement tries with the longest-first order.
 LPT_SECTION_MB = (L2_SECTION_MB, 16)
 
@@ -43,19 +50,17 @@ def search_space(wide: bool = False, arch: str = "sm_80") -> list[FlashConfig]:
 
 def wgmma_space() -> list[FlashConfig]:
     """The warpgroup-MMA kernel's tiles (one to three consumer warpgroups, B_c, ring stages),
-    each with and without FA3's intra-warpgroup overlap and ping-pong (ping-pong needs two
-    warpgroups or more); P pinned (``fence_p``) where B_c is not a power of two, where it
-    measured up to 2x faster. Shared memory and spills are pruned per head dim after
-    compiling; the tile order (``lpt``) and the grid (``persistent``) are the refinement's
-    (``knob_neighbours``)."""
+    each on every schedule (``WGMMA_SCHEDULES``; ping-pong needs two warpgroups or more); P
+    pinned (``fence_p``) where B_c is not a power of two, where it measured up to 2x faster.
+    Shared memory and spills are pruned per head dim after compiling; the tile order (``lpt``)
+    and the grid (``persistent``) are the refinement's (``knob_neighbours``)."""
     configs = []
-    for consumers, block_n, stages, overlap, pingpong in itertools.product(
-            WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES, (False, True), (False, True)):
+    for consumers, block_n, stages, schedule in itertools.product(
+            WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES, WGMMA_SCHEDULES):
         try:
             configs.append(HOPPER_STEPS["wgmma"].replace(
                 block_m=64 * consumers, num_warps=4 * consumers, block_n=block_n,
-                kv_stages=stages, intra_wg_overlap=overlap, pingpong=pingpong,
-                fence_p=bool(block_n & (block_n - 1))))
+                kv_stages=stages, fence_p=bool(block_n & (block_n - 1)), **schedule))
         except ConfigError:
             continue  # ping-pong with one warpgroup
     return configs
@@ -100,7 +105,7 @@ def knob_neighbours(config: FlashConfig, arch: str = "sm_80",
 
 def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
                       windowed: bool) -> list[FlashConfig]:
-    """A wgmma tile with each ring depth that fits and each schedule (overlap, ping-pong),
+    """A wgmma tile with each ring depth that fits and each schedule (``WGMMA_SCHEDULES``),
     on each grid (one CTA per tile, or persistent; under a mask also persistent with
     ``dynamic_tiles``); where B_c is not a power of two, with and
     without P pinned (``fence_p``: it changes how ptxas issues the P V GEMM only at those
@@ -114,11 +119,10 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     # (persistent, dynamic_tiles): under a mask the tiles' lengths differ, and a counter
     # balances what the fixed walk may not.
     grids = [(False, False), (True, False)] + ([(True, True)] if windowed else [])
-    for stages, overlap, pingpong, fence, (lpt, section_mb), (persistent, dynamic) in \
-            itertools.product(WGMMA_STAGES, (False, True), (False, True), fences, orders, grids):
+    for stages, schedule, fence, (lpt, section_mb), (persistent, dynamic) in \
+            itertools.product(WGMMA_STAGES, WGMMA_SCHEDULES, fences, orders, grids):
         try:
-            candidate = config.replace(kv_stages=stages, intra_wg_overlap=overlap,
-                                       pingpong=pingpong, fence_p=fence, lpt=lpt,
+            candidate = config.replace(kv_stages=stages, **schedule, fence_p=fence, lpt=lpt,
                                        l2_section_mb=section_mb, persistent=persistent,
                                        dynamic_tiles=dynamic)
             if head_dim is not None:
