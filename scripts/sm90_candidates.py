@@ -70,6 +70,11 @@ for _head_dim in (96, 192):
 #: sessions; not together).
 for _head_dim in (128, 192, 256):
     VARIANTS[_head_dim]["rescale_first"] = {"pingpong": False, "rescale_o_before_pv": True}
+#: The three-warpgroup tiles with O rescaled under the next S = Q K^T, turns kept (they need
+#: them), and hd64 with a fourth K/V stage (thirty-fourth session).
+for _head_dim in (32, 64, 96):
+    VARIANTS[_head_dim]["rescale"] = {"rescale_o_before_pv": True}
+VARIANTS[64]["kv4"] = {"kv_stages": 4}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 

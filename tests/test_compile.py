@@ -183,10 +183,10 @@ def test_hopper_step_is_kernel_16_with_the_tma_ring(artifact_dir):
     assert ops["tma_ring"]["LDGSTS"] < ops["k16"]["LDGSTS"]
     assert ops["tma_ring"]["HMMA"] == ops["k16"]["HMMA"] == expected_hmma(cfg, 128)
     assert "tma_ring" not in ladder.named_for("sm_80")
-    # All but the tall wgmma step, whose 192 rows and three 128-row K/V stages need 240 KB at
+    # All but the tall wgmma steps, whose 192 rows and three 128-row K/V stages need 240 KB at
     # hd128.
     assert ladder.named_for("sm_90a") == {name: config for name, config in ladder.NAMED.items()
-                                          if name != "wg_tall"}
+                                          if not name.startswith("wg_tall")}
     # A tile over the arch's shared memory is left out too (kernel 1's 64x64 tiles fit).
     assert "k01" in ladder.named_for("sm_80", 256)
 
@@ -197,14 +197,15 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
     barriers, the persistent grid no MMA, dropping the turns again only their barriers (and
     moving O's rescale ahead of P V no MMA either), the third consumer warpgroup only its own
-    64-row atom (HGMMA per warpgroup unchanged) and 128 threads."""
+    64-row atom (HGMMA per warpgroup unchanged) and 128 threads (the rescale moved there too,
+    the hd64 default)."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     assert ladder.named_for("sm_80", 64, "sm90") == {}
     assert rows["wg_free"] == policy.default_for("sm_90a", 128)
     assert rows["wg_persistent"] == policy.default_for("sm_90a", 128, windowed=True)
-    assert rows["wg_tall"] == policy.default_for("sm_90a", 64)
+    assert rows["wg_tall_rescale_first"] == policy.default_for("sm_90a", 64)
     ops = {}
     for name, cfg in rows.items():
         art = compile_config(cfg, "sm_90a", head_dim=64, out_dir=artifact_dir)
@@ -220,6 +221,7 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_free"]["BAR"] < ops["wg_persistent"]["BAR"]
     assert ops["wg_rescale_first"]["HGMMA"] == 3 * gemms
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
+    assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
 
 
@@ -269,10 +271,11 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     ops = histogram(parse(sass_text))
     bodies = (3 if windowed else 2) + cfg.intra_wg_overlap
     # Turns between the warpgroups everywhere but hd128 unmasked and hd256 (measured faster
-    # without), which rescales O under the next S = Q K^T.
+    # without); O rescaled under the next S = Q K^T at hd256, hd64 and plain hd96.
     assert cfg.intra_wg_overlap
     assert cfg.pingpong == ((windowed or head_dim != 128) and head_dim != 256)
-    assert cfg.rescale_o_before_pv == (head_dim == 256)
+    assert cfg.rescale_o_before_pv == (head_dim in (64, 256) or (head_dim, windowed) == (96,
+                                                                                        False))
     assert ops["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0
@@ -405,7 +408,7 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
     consumer warpgroups); ``pingpong`` adds only named-barrier turns (a sync and an arrive per
     loop body, one arrive to start)."""
     base = policy.default_for("sm_90a", head_dim, windowed).replace(
-        intra_wg_overlap=False, pingpong=False)
+        intra_wg_overlap=False, pingpong=False, rescale_o_before_pv=False)
     bodies = 3 if windowed else 2
     k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
 

@@ -12,12 +12,13 @@ WGMMA_CONSUMERS = (1, 2, 3)
 WGMMA_BLOCK_N = (64, 80, 96, 128, 192)
 WGMMA_STAGES = (2, 3, 4)
 #: The consumer warpgroups' schedules: FA3's intra-warpgroup overlap and ping-pong, each on
-#: or off, and with the overlap and no turns O rescaled under the next S = Q K^T (hd256's
-#: default, thirty-fourth session).
+#: or off, and with the overlap O rescaled under the next S = Q K^T, with or without the
+#: turns (hd256's default without, hd64/hd96's with; thirty-fourth session).
 WGMMA_SCHEDULES = (
     *({"intra_wg_overlap": overlap, "pingpong": pingpong, "rescale_o_before_pv": False}
       for overlap, pingpong in itertools.product((False, True), (False, True))),
-    {"intra_wg_overlap": True, "pingpong": False, "rescale_o_before_pv": True})
+    *({"intra_wg_overlap": True, "pingpong": pingpong, "rescale_o_before_pv": True}
+      for pingpong in (False, True)))
 #: L2 section sizes (MiB of K/V) the refinement tries with the longest-first order.
 LPT_SECTION_MB = (L2_SECTION_MB, 16)
 
