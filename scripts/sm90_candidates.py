@@ -70,9 +70,10 @@ for _head_dim in (96, 192):
 #: sessions; not together).
 for _head_dim in (128, 192, 256):
     VARIANTS[_head_dim]["rescale_first"] = {"pingpong": False, "rescale_o_before_pv": True}
-#: The three-warpgroup tiles with O rescaled under the next S = Q K^T, turns kept (they need
-#: them), and hd64 with a fourth K/V stage (thirty-fourth session).
-for _head_dim in (32, 64, 96):
+#: O rescaled under the next S = Q K^T with the turns kept (the three-warpgroup tiles need
+#: them, hd128 masked and hd192 have them), and hd64 with a fourth K/V stage (thirty-fourth
+#: session).
+for _head_dim in (32, 64, 96, 128, 192):
     VARIANTS[_head_dim]["rescale"] = {"rescale_o_before_pv": True}
 VARIANTS[64]["kv4"] = {"kv_stages": 4}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
