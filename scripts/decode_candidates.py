@@ -99,9 +99,8 @@ def main() -> None:
         sets = decode_sets(point, info.l2_bytes, paged=True)
         kpw, stages = decode_tile(point.head_dim, info.arch)
         tiles = math.ceil(point.heads // point.kv_heads / 16)
-        auto = choose_splits(tiles * point.batch * point.kv_heads,
-                             math.ceil(point.seqlen_k / (kpw * DECODE_WARPS)),
-                             info.multiprocessors)
+        blocks = math.ceil(point.seqlen_k / (kpw * DECODE_WARPS))
+        auto = choose_splits(tiles * point.batch * point.kv_heads, blocks, info.multiprocessors)
         variants = {}
         if args.combine:
             for splits in sorted({max(2, auto), min(128, 2 * max(2, auto))}):
@@ -121,7 +120,6 @@ def main() -> None:
         if not (args.combine or args.paged or args.merge):
             # The default tile at the chosen split count and at a half, a quarter and an
             # eighth of it, each merged as ``attention_with_kvcache`` would merge it.
-            blocks = math.ceil(point.seqlen_k / (kpw * DECODE_WARPS))
             for splits in sorted({max(1, auto // f) for f in (1, 2, 4, 8)}, reverse=True):
                 merge = "serial" if serial_merge(splits, blocks) else "kernel"
                 variants[f"splits={splits} {merge}"] = runner(point, sets, False, splits,

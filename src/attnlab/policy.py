@@ -77,15 +77,15 @@ SM90_DEFAULT_KNOBS: dict[tuple[int, bool, str], dict[str, object]] = {
 #: +0.7 to +3.7 % device only on an H100 and +0.1 to +2.1 % on an H200, +0.3 to +2.5 % end to
 #: end; under a mask the turns stay (-1.1 to -3.7 % without them); at hd192 / hd256 they are
 #: even (within 1 %), at hd32-96 with three warpgroups dropping them loses up to 11 % (hd64).
-#: hd256 on FA4's schedule above hd128 (thirty-fourth session, H100, seq 4k, same run): no
-#: turns and O rescaled under the next S = Q K^T: +2.7 % device only (+2.9 % end to end)
-#: unmasked, +2.5 % (+3.5 %) causal, where either alone had measured within 1 %.
-_FA4_HD256 = {"pingpong": False, "rescale_o_before_pv": True}
 #: The three-warpgroup tiles keep their turns (without them hd64 lost 11 %) but rescale O
-#: under the next S = Q K^T as well where it measured faster (same session, H100, device
+#: under the next S = Q K^T where it measured faster (thirty-fourth session, H100, device
 #: only): hd64 +0.9 to +1.5 % plain (seq 2k-16k) and +0.7 to +1.1 % causal from 4k; hd96
 #: plain +0.9 to +4.4 % (causal even); hd32 -3 to -5 %, so not there.
 _RESCALE_FIRST = {"rescale_o_before_pv": True}
+#: hd256 on FA4's schedule above hd128 (thirty-fourth session, H100, seq 4k, same run): no
+#: turns and O rescaled under the next S = Q K^T: +2.7 % device only (+2.9 % end to end)
+#: unmasked, +2.5 % (+3.5 %) causal, where either alone had measured within 1 %.
+_FA4_HD256 = {"pingpong": False, **_RESCALE_FIRST}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
