@@ -76,6 +76,11 @@ for _head_dim in (128, 192, 256):
 for _head_dim in (32, 64, 96, 128, 192):
     VARIANTS[_head_dim]["rescale"] = {"rescale_o_before_pv": True}
 VARIANTS[64]["kv4"] = {"kv_stages": 4}
+#: Every n-th exponential on the FMA pipe (thirty-fifth session): MUFU's share of a block is
+#: the tensor cores' at hd64, twice it at hd32.
+for _head_dim in (32, 64, 96, 128):
+    for _every in (2, 3, 4, 8):
+        VARIANTS[_head_dim][f"fma_exp2_{_every}"] = {"fma_exp2_every": _every}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 

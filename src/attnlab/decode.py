@@ -50,6 +50,16 @@ SERIAL_MERGE_BLOCKS = 4
 #: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
 #: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
 CTAS_PER_SM = 1
+#: A grid that fills half the GPU or more (two splits would fill it) keeps its K/V range
+#: whole up to this many K/V blocks: at 4k keys (32 blocks of 128) one split read 2.8-4.4 %
+#: (H100) and 0.3-1.3 % (H200) faster on the device and 1.5-5.9 % end to end, the partials
+#: and the combine's launch outweighing the second wave of streams; at 32k keys two splits
+#: stay (even on the H100, +5 % on the H200; thirty-fifth session, docs/decode.md).
+UNSPLIT_HALF_WAVE_BLOCKS = 32
+#: K/V blocks a split walks at least: B = 1 x 4k MQA (32 blocks) read 9 % (H100) and 5 %
+#: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
+#: partial and its share of the merge costing about as much as a block's load.
+MIN_SPLIT_BLOCKS = 2
 
 _calls: dict[tuple, _DecodeCall] = {}
 
@@ -80,13 +90,16 @@ def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
 
 def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int) -> int:
     """Splits per K/V range so that up to ``CTAS_PER_SM`` CTAs per SM run in one wave: none
-    when the (query tile, sequence, K/V head) grid already fills the GPU, never more than the
-    K/V blocks (a split of no block only writes an empty partial). Rounded down: 17 splits of
-    8 CTAs are 136 CTAs on 132 SMs, a second wave of 4 that doubles the time."""
+    when the (query tile, sequence, K/V head) grid already fills the GPU, and none for a short
+    walk on a grid of half a wave or more (``UNSPLIT_HALF_WAVE_BLOCKS``); at least
+    ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded down: 17 splits of 8 CTAs are 136 CTAs
+    on 132 SMs, a second wave of 4 that doubles the time."""
     if ctas <= 0 or ctas >= multiprocessors:
         return 1
     wanted = CTAS_PER_SM * multiprocessors // ctas
-    return max(1, min(wanted, kv_blocks, MAX_SPLITS))
+    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS:
+        return 1
+    return max(1, min(wanted, kv_blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
 
 
 def serial_merge(splits: int, kv_blocks: int) -> bool:
