@@ -22,7 +22,7 @@ from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.policy import default_for
+from attnlab.policy import SM90A_WGMMA_KNOBS, default_for
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
@@ -76,11 +76,13 @@ for _head_dim in (128, 192, 256):
 for _head_dim in (32, 64, 96, 128, 192):
     VARIANTS[_head_dim]["rescale"] = {"rescale_o_before_pv": True}
 VARIANTS[64]["kv4"] = {"kv_stages": 4}
-#: Every n-th exponential on the FMA pipe (thirty-fifth session): MUFU's share of a block is
-#: the tensor cores' at hd64, twice it at hd32.
-for _head_dim in (32, 64, 96, 128):
-    for _every in (2, 3, 4, 8):
-        VARIANTS[_head_dim][f"fma_exp2_{_every}"] = {"fma_exp2_every": _every}
+#: Below 4k masked queries, the tile of the long masked ones (the three-warpgroup tiles measured
+#: 0.81x at seq 1k in the thirteenth session, before the R2P mask and the rescale first), in
+#: its longest-first order and in the per-head one (thirty-fifth session).
+for _head_dim in (32, 64, 96, 256):
+    VARIANTS[_head_dim]["long_masked_tile"] = dict(SM90A_WGMMA_KNOBS[_head_dim, True])
+    VARIANTS[_head_dim]["long_masked_tile_per_head"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
+                                                        "lpt": False}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
 

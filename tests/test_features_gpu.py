@@ -642,23 +642,3 @@ def test_static_strides_compile_per_stride_set():
     views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
     assert views[0].stride() != q.stride()
     check_dense(*views, window=(-1, -1), config=ladder.k16)
-
-
-@pytest.mark.parametrize(("head_dim", "dtype", "every"),
-                         [(64, torch.bfloat16, 3), (64, torch.float16, 1),
-                          (32, torch.bfloat16, 3), (128, torch.float16, 3)],
-                         ids=["hd64-bf16-every3", "hd64-fp16-all", "hd32-bf16-every3",
-                              "hd128-fp16-every3"])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
-def test_fma_exp2(head_dim, dtype, every, window):
-    """Exponentials on the FMA pipe (``fma_exp2_every``; 1: all of them) in this GPU's default
-    kernel and in the mma.sync one: masked scores (-inf) and, with Sq > Sk under the causal
-    mask, rows that see no key (O exactly 0, LSE -inf) included."""
-    from attnlab.dispatch import arch_of
-
-    arch = arch_of(torch.device("cuda"))
-    windowed = window != (-1, -1)
-    q, k, v = dense_inputs(2, 1000, 700, 4, 2, head_dim, dtype, seed=head_dim + every)
-    for config in (policy.default_for(arch, head_dim, windowed, seqlen=1000),
-                   policy.mma_sync_default_for(arch, head_dim, windowed)):
-        check_dense(q, k, v, window, config.replace(fma_exp2_every=every))

@@ -227,9 +227,10 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert dispatch.config_for(device, hd32).block_m == 192
     assert dispatch.config_for(device, dataclasses.replace(hd32, window=(-1, 0))).lpt
     assert not dispatch.config_for(device, hd32).lpt and not chosen.lpt
-    # Short masked queries keep two warpgroups in the per-head order (by length bucket).
+    # Short masked queries (up to 1k: by length bucket) keep two warpgroups in the per-head
+    # order.
     hd64 = dataclasses.replace(problem(4096), head_dim=64, window=(-1, 0))
-    for seqlen, rows, lpt in ((1024, 128, False), (2048, 128, False), (3000, 192, True),
+    for seqlen, rows, lpt in ((1024, 128, False), (1500, 192, True), (2048, 192, True),
                               (16384, 192, True)):
         short = dispatch.config_for(device, dataclasses.replace(hd64, seqlen_q=seqlen))
         assert (short.block_m, short.lpt) == (rows, lpt), seqlen
@@ -372,9 +373,11 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     assert dispatch.config_for(H200, causal) == static
     long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
     assert dispatch.config_for(H200, long) == static.replace(dynamic_tiles=True)
-    short = dataclasses.replace(causal, head_dim=64, seqlen_q=2048, seqlen_k=2048)
+    short = dataclasses.replace(causal, head_dim=64, seqlen_q=1024, seqlen_k=1024)
     assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
-                                                                  seqlen=2048)
+                                                                  seqlen=1024)
+    assert policy.default_for("sm_90a", 64, True, seqlen=1024).block_m == 128
+    assert policy.default_for("sm_90a", 64, True, seqlen=2048).block_m == 192
     assert dispatch.config_for(H200, dataclasses.replace(short, batch=1)).dynamic_tiles
     for head_dim in (32, 64, 96, 256):
         chosen = dispatch.config_for(H200, dataclasses.replace(causal, head_dim=head_dim))

@@ -151,10 +151,6 @@ class FlashConfig:
             previous block's O += P V is issued (FA3/FA4 do so at head dims above 128),
             instead of once that P V has completed, where the multiplies (D / 2 per thread and
             block) stand between the MMAs' completion and the next block.
-        fma_exp2_every: exponentiate every n-th score of a thread's S row on the FMA pipe (a
-            degree-3 polynomial, ``kernels/common/exp2_fma.py``) instead of MUFU.EX2, whose
-            16 results a clock per SM bound the softmax where the head dim is small; 0: all
-            on MUFU. Up to block_n / 4 (one a row).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -198,7 +194,6 @@ class FlashConfig:
     pingpong: bool = False
     fence_p: bool = False
     rescale_o_before_pv: bool = False
-    fma_exp2_every: int = 0
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
@@ -262,12 +257,6 @@ class FlashConfig:
             raise ConfigError(
                 f"row_sum_chains must be an int from 1 to block_n / 4 = {per_row} (a thread's "
                 f"elements of one row), got {self.row_sum_chains!r}"
-            )
-        if (not isinstance(self.fma_exp2_every, int) or isinstance(self.fma_exp2_every, bool)
-                or not 0 <= self.fma_exp2_every <= per_row):
-            raise ConfigError(
-                f"fma_exp2_every must be an int from 0 (none) to block_n / 4 = {per_row}, got "
-                f"{self.fma_exp2_every!r}"
             )
         if (not isinstance(self.l2_section_mb, int) or isinstance(self.l2_section_mb, bool)
                 or not 1 <= self.l2_section_mb <= MAX_L2_SECTION_MB):
@@ -351,7 +340,7 @@ class FlashConfig:
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
                                         "rescale_o_before_pv", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
-            flags += self._fma_exp2_flags() + self._lpt_flags()
+            flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:
@@ -392,11 +381,8 @@ class FlashConfig:
             flags.append("tma_kv")
         if self.interleave_softmax:
             flags.append("interleave_softmax")
-        flags += self._fma_exp2_flags() + self._lpt_flags()
+        flags += self._lpt_flags()
         return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
-
-    def _fma_exp2_flags(self) -> list[str]:
-        return [f"fma_exp2_{self.fma_exp2_every}"] if self.fma_exp2_every else []
 
     def _lpt_flags(self) -> list[str]:
         if not self.lpt:

@@ -111,7 +111,11 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
 #: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
 #: the three-warpgroup, longest-first hd64 tile measured 0.81x of this one (192 rows leave a
 #: partial last row block and fewer tiles to balance) and hd256's B_c 80 0.89x of B_c 64 (1k
-#: keys leave a partial last K/V block, masked); both won from 8k.
+#: keys leave a partial last K/V block, masked); both won from 8k. With the R2P mask and the
+#: rescale first since, the long masked tiles won from seq 2k (thirty-fifth session, H200, bf16,
+#: 16k tokens, end to end (device only)): hd64 2k 363 -> 383 (374 -> 394) and again 363 -> 384,
+#: 3k 387 -> 442; hd256 2k 553 -> 570 (604 -> 617); hd32 223 -> 233, hd96 446 -> 457; at 1k
+#: the short tiles still won (hd64 302 against 274, hd256 459 against 450).
 _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
     64: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
@@ -130,7 +134,10 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
     128: {"block_n": 128, "kv_stages": 3},
 }
 MAX_IMBALANCE = 1.05
-LONG_MASKED_SEQLEN = 4096
+LONG_MASKED_SEQLEN = 2048
+#: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
+#: tiles were not measured on them from 2k).
+LONG_MASKED_PACKED_SEQLEN = 4096
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
 #: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
 #: cross shapes, device only): +8-13 % at 77 keys (`docs/measurement.md`, sixteenth session).
@@ -149,13 +156,15 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
                 seqlen: int | None = None, short_kv: bool = False) -> FlashConfig:
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
     warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
-    ``seqlen`` below ``LONG_MASKED_SEQLEN``, ``SM90A_SHORT_MASKED_KNOBS``; unmasked with at
+    ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
+    ``SM90A_SHORT_MASKED_KNOBS``; unmasked with at
     most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
     if arch == "sm_90a":
-        short = windowed and seqlen is not None and seqlen < LONG_MASKED_SEQLEN
+        limit = LONG_MASKED_PACKED_SEQLEN if varlen else LONG_MASKED_SEQLEN
+        short = windowed and seqlen is not None and seqlen < limit
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
@@ -171,7 +180,7 @@ def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> 
     whichever CTA finishes first, where a fixed walk over tiles whose lengths the host does
     not know could leave some CTAs with far more work than others."""
     one_cta = config.replace(persistent=False, dynamic_tiles=False)
-    if seqlen is not None and seqlen < LONG_MASKED_SEQLEN:
+    if seqlen is not None and seqlen < LONG_MASKED_PACKED_SEQLEN:
         return one_cta
     return one_cta.replace(**_ONE_CTA_MASKED_TILES.get(head_dim, {}))
 

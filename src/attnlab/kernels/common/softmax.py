@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from attnlab.kernels.common.exp2_fma import exp2_fma
 from attnlab.kernels.common.layouts import acc_mn_view
 
 LOG2_E = math.log2(math.e)
@@ -68,20 +67,16 @@ class OnlineSoftmax:
     guard_empty_rows: cutlass.Constexpr
     #: Independent FADD chains per row sum (``chained_sum``); 1: ``reduce``'s single chain.
     sum_chains: cutlass.Constexpr = 1
-    #: Every n-th score of a thread's row exponentiated on the FMA pipe (``exp2_fma``)
-    #: instead of MUFU; 0: none.
-    fma_exp2_every: cutlass.Constexpr = 0
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool, sum_chains: int = 1,
-               fma_exp2_every: int = 0) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows, sum_chains, fma_exp2_every)
+                   guard_empty_rows, sum_chains)
 
     @cute.jit
     def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
@@ -120,15 +115,10 @@ class OnlineSoftmax:
         m_old = self.row_max[r]
         m_new = self._new_max(row, m_old, first)
         m_exp = self._exponent_max(m_new)
-        if self.fma_exp2_every:
-            for c in range(cute.size(s_mn, mode=[1])):
-                s_mn[r, c] = self._exp_at(c, self._scores(s_mn[r, c]), m_exp)
-            p = s_mn[r, None].load()
-        else:
-            p = self._exp(row, m_exp)
-            s_mn[r, None] = p
+        p = self._exp(row, m_exp)
         correction = self._exp(m_old, m_exp)
         self.row_max[r] = m_new
+        s_mn[r, None] = p
         if cutlass.const_expr(self.sum_chains > 1):
             tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
         else:
@@ -167,7 +157,7 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             m_exp = self._exponent_max(self.row_max[r])
             for c in cutlass.range_constexpr(col0, col0 + cols):
-                s_mn[r, c] = self._exp_at(c, self._scores(s_mn[r, c]), m_exp)
+                s_mn[r, c] = self._exp(self._scores(s_mn[r, c]), m_exp)
             self.row_sum[r] = self.row_sum[r] + self._sum(s_mn, r, col0, cols)
 
     def _scores(self, x):
@@ -189,23 +179,13 @@ class OnlineSoftmax:
             m_exp = cutlass.Float32(0.0) if m_new == -cutlass.Float32.inf else m_new
         return m_exp
 
-    def _exp2_argument(self, x, m_exp):
-        """exp(x - m) as exp2 of this: one FFMA with the scale folded in (fused), or FADD +
-        FMUL on scaled scores."""
-        if cutlass.const_expr(self.fused):
-            return x * self.scale_log2 - m_exp * self.scale_log2
-        return (x - m_exp) * LOG2_E
-
     def _exp(self, x, m_exp):
-        """exp(x - m) on MUFU (``x`` a score or a row of them)."""
-        return cute.math.exp2(self._exp2_argument(x, m_exp), fastmath=True)
-
-    def _exp_at(self, col: int, x, m_exp):
-        """``_exp`` of the thread's column ``col`` of a row: on the FMA pipe for every
-        ``fma_exp2_every``-th column, on MUFU otherwise."""
-        if not self.fma_exp2_every or col % self.fma_exp2_every != self.fma_exp2_every - 1:
-            return self._exp(x, m_exp)
-        return exp2_fma(self._exp2_argument(x, m_exp))
+        """exp(x - m) in the softmax's form: one FFMA into exp2 with the scale folded in
+        (fused), or FADD + FMUL into exp2 on scaled scores."""
+        if cutlass.const_expr(self.fused):
+            return cute.math.exp2(x * self.scale_log2 - m_exp * self.scale_log2,
+                                  fastmath=True)
+        return cute.math.exp2((x - m_exp) * LOG2_E, fastmath=True)
 
     def _sum(self, s_mn: cute.Tensor, r: int, col0: int, cols: int):
         terms = [s_mn[r, c] for c in range(col0, col0 + cols)]

@@ -309,7 +309,7 @@ class FlashForwardSm80(ForwardKernel):
         softmax = OnlineSoftmax.create(
             cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1]), softmax_scale,
             cfg.fused_softmax, guard_empty_rows=self.windowed or self.varlen,
-            sum_chains=cfg.row_sum_chains, fma_exp2_every=cfg.fma_exp2_every)
+            sum_chains=cfg.row_sum_chains)
         # Column index of each S accumulator element inside a tile, for the Sk mask.
         tScS_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
