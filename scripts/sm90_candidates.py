@@ -84,7 +84,11 @@ for _head_dim in (32, 64, 96, 256):
     VARIANTS[_head_dim]["long_masked_tile_per_head"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
                                                         "lpt": False}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
-VARIANTS[256].update(one_cta_lpt16={**_ONE_CTA, **_LPT16}, dynamic_lpt16={**_DYNAMIC, **_LPT16})
+#: hd256's 16 MiB sections; at hd128 causal also FA4's grid, one CTA per tile longest first
+#: (thirty-fifth session).
+for _head_dim in (128, 256):
+    VARIANTS[_head_dim].update(one_cta_lpt16={**_ONE_CTA, **_LPT16},
+                               dynamic_lpt16={**_DYNAMIC, **_LPT16})
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int,

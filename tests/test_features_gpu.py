@@ -642,3 +642,16 @@ def test_static_strides_compile_per_stride_set():
     views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
     assert views[0].stride() != q.stride()
     check_dense(*views, window=(-1, -1), config=ladder.k16)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (64, 0), (200, -1)], ids=["causal", "win", "left"])
+def test_very_long_masked_default(window):
+    """hd128's masked default from ``policy.VERY_LONG_MASKED_SEQLEN`` queries (one CTA per tile,
+    longest first over 16 MiB L2 sections), on a problem short enough for the fp64 reference:
+    the config, not the length, is under test."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", 128, True, seqlen=policy.VERY_LONG_MASKED_SEQLEN)
+    assert not config.persistent and config.lpt
+    q, k, v = dense_inputs(3, 1000, 1000, 8, 2, 128, torch.bfloat16, seed=11)
+    check_dense(q, k, v, window=window, config=config)

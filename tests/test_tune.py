@@ -371,8 +371,13 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
     assert dispatch.config_for(H200, causal) == static
+    # From 8k queries hd128 runs one CTA per tile, longest first (FA4's grid); below, an
+    # unbalanced static walk goes to the counter (B = 1, H = 2: 32 tiles on 132 SMs).
     long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
-    assert dispatch.config_for(H200, long) == static.replace(dynamic_tiles=True)
+    assert dispatch.config_for(H200, long) == static.replace(
+        persistent=False, lpt=True, l2_section_mb=16)
+    few = dataclasses.replace(causal, batch=1, num_heads=2, num_heads_kv=2)
+    assert dispatch.config_for(H200, few) == static.replace(dynamic_tiles=True)
     short = dataclasses.replace(causal, head_dim=64, seqlen_q=1024, seqlen_k=1024)
     assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
                                                                   seqlen=1024)

@@ -50,11 +50,13 @@ SERIAL_MERGE_BLOCKS = 4
 #: CTAs per SM the split count aims at: one (measured: 16 splits of B=1 x 32k read 2,269
 #: GB/s, 33 splits 1,809, 64 splits 1,460; docs/decode.md).
 CTAS_PER_SM = 1
-#: A grid that fills half the GPU or more (two splits would fill it) keeps its K/V range
-#: whole up to this many K/V blocks: at 4k keys (32 blocks of 128) one split read 2.8-4.4 %
-#: (H100) and 0.3-1.3 % (H200) faster on the device and 1.5-5.9 % end to end, the partials
-#: and the combine's launch outweighing the second wave of streams; at 32k keys two splits
-#: stay (even on the H100, +5 % on the H200; thirty-fifth session, docs/decode.md).
+#: A grid that fills half the GPU or more (two splits would fill it) keeps a contiguous
+#: cache's K/V range whole up to this many K/V blocks: at 4k keys (32 blocks of 128) one split
+#: read 2.8-4.4 % (H100) and 0.3-1.3 % (H200) faster on the device and 1.5-5.9 % end to end,
+#: the partials and the combine's launch outweighing the second wave of streams; at 32k keys
+#: two splits stay (even on the H100, +5 % on the H200). A paged cache keeps its two splits:
+#: unsplit it read 0.834 / 0.843 of the contiguous cache (8 x 4k GQA, 64 x 4k MQA, H200), its
+#: page lookups wanting the second wave's CTAs (thirty-fifth session, docs/decode.md).
 UNSPLIT_HALF_WAVE_BLOCKS = 32
 #: K/V blocks a split walks at least: B = 1 x 4k MQA (32 blocks) read 9 % (H100) and 5 %
 #: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
@@ -88,16 +90,17 @@ def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
                       f"{arch} ({capacity} bytes)")
 
 
-def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int) -> int:
+def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int, paged: bool = False) -> int:
     """Splits per K/V range so that up to ``CTAS_PER_SM`` CTAs per SM run in one wave: none
     when the (query tile, sequence, K/V head) grid already fills the GPU, and none for a short
-    walk on a grid of half a wave or more (``UNSPLIT_HALF_WAVE_BLOCKS``); at least
-    ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded down: 17 splits of 8 CTAs are 136 CTAs
-    on 132 SMs, a second wave of 4 that doubles the time."""
+    walk of a contiguous cache (not ``paged``) on a grid of half a wave or more
+    (``UNSPLIT_HALF_WAVE_BLOCKS``); at least ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded
+    down: 17 splits of 8 CTAs are 136 CTAs on 132 SMs, a second wave of 4 that doubles the
+    time."""
     if ctas <= 0 or ctas >= multiprocessors:
         return 1
     wanted = CTAS_PER_SM * multiprocessors // ctas
-    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS:
+    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS and not paged:
         return 1
     return max(1, min(wanted, kv_blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
 
@@ -288,7 +291,7 @@ class _DecodeCall:
         tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
         kv_blocks = math.ceil(self.capacity / (keys_per_warp * DECODE_WARPS))
         self.splits = num_splits or choose_splits(tiles * batch * heads_kv, kv_blocks,
-                                                  info.multiprocessors)
+                                                  info.multiprocessors, paged)
         dtype = str(q.dtype).removeprefix("torch.")
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))

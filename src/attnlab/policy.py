@@ -133,6 +133,16 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
     64: {"block_n": 128, "fence_p": False},
     128: {"block_n": 128, "kv_stages": 3},
 }
+#: Masked hd128 from ``VERY_LONG_MASKED_SEQLEN`` queries: FA4's grid, one CTA per tile in the
+#: longest-first order over 16 MiB L2 sections (thirty-fifth session, H200, bf16, causal, 16k
+#: tokens, end to end (device only), against the persistent static walk the dispatcher would
+#: run, or its counter where that walk is unbalanced): 8k 620 -> 634 (643 -> 665), 16k (the
+#: counter) 658 -> 681 (696 -> 708); shorter it lost (4k 590 -> 583, 2k 526 -> 488), as the
+#: order over 40 MiB sections had on the persistent grid (thirteenth session).
+_VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
+    128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
+}
+VERY_LONG_MASKED_SEQLEN = 8192
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
 #: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
@@ -157,8 +167,9 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
     warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
     ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
-    ``SM90A_SHORT_MASKED_KNOBS``; unmasked with at
-    most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key block); otherwise
+    ``SM90A_SHORT_MASKED_KNOBS``; dense, masked and from ``VERY_LONG_MASKED_SEQLEN`` at hd128,
+    one CTA per tile longest first; unmasked with at most ``SHORT_KV_SEQLEN`` keys
+    (``short_kv``) at hd64/128, one 80-key block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
@@ -168,6 +179,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
+        very_long = (windowed and not varlen and seqlen is not None
+                     and seqlen >= VERY_LONG_MASKED_SEQLEN)
+        if very_long and head_dim in _VERY_LONG_MASKED_TILES:
+            config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
         return config
@@ -213,7 +228,9 @@ def default_specs(arch: str) -> list[ForwardSpec]:
     for head_dim in SUPPORTED_HEAD_DIMS:
         for dtype in SUPPORTED_DTYPES:
             for windowed, seqlen, short_kv in ((False, None, False), (True, None, False),
-                                               (True, 1, False), (False, None, True)):
+                                               (True, 1, False),
+                                               (True, VERY_LONG_MASKED_SEQLEN, False),
+                                               (False, None, True)):
                 config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen,
                                      short_kv=short_kv)
                 specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
