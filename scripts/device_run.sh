@@ -11,6 +11,9 @@
 #   dynamic [SEQLEN...]  the persistent forward's GPU tests (static and dynamic walks; a hung
 #            kernel is cut at 300 s), then the hd128 and hd256 candidates at the masked points the
 #            static walk leaves unbalanced (causal, each SEQLEN given, e.g. 16384 8192)
+#   masked   the masked grids by length, bf16 and fp16, causal 2k-16k at 16k tokens: hd128 on
+#            FA4's grid (one CTA per tile, longest first; the default from 8k) and the
+#            persistent walks, hd64 the same with B_c 128 (scripts/sm90_candidates.py)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -104,6 +107,16 @@ case $mode in
       python3 scripts/sm90_candidates.py --head-dims 128,256 --masks causal --seqlen "$seqlen" \
         --runs 15 --out "$OUT/$seqlen" 2>&1 | grep -v Warning | tee -a "$log"
     done
+    ;;
+  masked)
+    python3 scripts/sm90_candidates.py --head-dims 128 --masks causal --tokens 16384 \
+      --seqlen 2048,4096,8192,16384 --dtypes bfloat16,float16 --runs 15 \
+      --variants one_cta_lpt16,per_head_persistent,per_head_dynamic --out "$OUT/masked-hd128" 2>&1 \
+      | grep -v Warning | tee -a "$log"
+    python3 scripts/sm90_candidates.py --head-dims 64 --masks causal --tokens 16384 \
+      --seqlen 2048,4096,8192,16384 --dtypes bfloat16,float16 --runs 15 \
+      --variants one_cta_bc128,one_cta --out "$OUT/masked-hd64" 2>&1 \
+      | grep -v Warning | tee -a "$log"
     ;;
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \

@@ -2,12 +2,13 @@
 is chosen from).
 
 Usage (GPU): python scripts/sm90_candidates.py [--head-dims 64,128,192,256]
-[--masks plain,causal] [--seqlen 4096] [--tokens 16384] [--variants NAME,...] [--out DIR]
-For each head dim, plain and causal, bf16, batch 4 x 16 heads x seq 4k, it times the
-wgmma kernel's default and each variant of it (``VARIANTS``; earlier sweeps' tiles are in
-their results' ``configs``) next to SDPA flash, cuDNN and FA4: TFLOP/s end to end and device
-only. The candidates are compiled into the kernel cache in parallel first. The table goes to
-stdout, the numbers to OUT/sm90_candidates.json.
+[--masks plain,causal] [--seqlen 4096[,8192,...]] [--dtypes bfloat16[,float16]]
+[--tokens 16384] [--variants NAME,...] [--out DIR]
+For each head dim, mask, length and dtype (by default plain and causal, bf16, batch 4 x 16
+heads x seq 4k), it times the wgmma kernel's default and each variant of it (``VARIANTS``;
+earlier sweeps' tiles are in their results' ``configs``) next to SDPA flash, cuDNN and FA4:
+TFLOP/s end to end and device only. The candidates are compiled into the kernel cache in
+parallel first. The table goes to stdout, the numbers to OUT/sm90_candidates.json.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
-from attnlab.config import MAX_L2_SECTION_MB, FlashConfig
+from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import SM90A_WGMMA_KNOBS, default_for
 
@@ -83,20 +84,34 @@ for _head_dim in (32, 64, 96, 256):
     VARIANTS[_head_dim]["long_masked_tile"] = dict(SM90A_WGMMA_KNOBS[_head_dim, True])
     VARIANTS[_head_dim]["long_masked_tile_per_head"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
                                                         "lpt": False}
+#: FA4's grid at hd32/64 under a mask: one CTA per tile, longest first, B_c 128 (which the
+#: persistent loop cannot hold without spills; one CTA per tile can, as packed sequences run
+#: it): hd128 gained from it from 8k (thirty-fifth session), hd64 not measured since the
+#: twentieth session (-7 % at 4k then, before the R2P mask).
+for _head_dim in (32, 64):
+    VARIANTS[_head_dim]["one_cta_bc128"] = {**_ONE_CTA, "block_n": 128, "fence_p": False}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 #: hd256's 16 MiB sections; at hd128 causal also FA4's grid, one CTA per tile longest first
 #: (thirty-fifth session).
 for _head_dim in (128, 256):
     VARIANTS[_head_dim].update(one_cta_lpt16={**_ONE_CTA, **_LPT16},
                                dynamic_lpt16={**_DYNAMIC, **_LPT16})
+#: hd128's masked grids before that, from 8k too: the per-head order, static and from the
+#: counter.
+_PER_HEAD = {"lpt": False, "l2_section_mb": L2_SECTION_MB}
+VARIANTS[128].update(per_head_persistent={**_PERSISTENT, **_PER_HEAD},
+                     per_head_dynamic={**_DYNAMIC, **_PER_HEAD})
 
 
 def candidates(head_dim: int, causal: bool, seqlen: int,
                names: set[str] | None = None) -> dict[str, FlashConfig]:
-    """The variants of the point's default (``names``: only those, the default always)."""
+    """The variants of the point's default (``names``: only those, the default always); a
+    variant that is the default at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k)
+    is not timed twice."""
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen)
-    return {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
-            if names is None or name == "default" or name in names}
+    chosen = {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
+              if names is None or name == "default" or name in names}
+    return {name: cfg for name, cfg in chosen.items() if name == "default" or cfg != default}
 
 
 def main() -> None:
@@ -104,7 +119,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--head-dims", default=",".join(map(str, VARIANTS)))
-    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--seqlen", default="4096",
+                        help="query (= key) length, or several comma-separated")
+    parser.add_argument("--dtypes", default="bfloat16",
+                        help="bfloat16, float16 or both (comma-separated)")
     parser.add_argument("--masks", default="plain,causal",
                         help="plain, causal or both (comma-separated)")
     parser.add_argument("--tokens", type=int, default=None,
@@ -120,14 +138,17 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}")
     head_dims = [int(h) for h in args.head_dims.split(",")]
     masks = [{"plain": False, "causal": True}[m] for m in args.masks.split(",")]
+    seqlens = [int(n) for n in args.seqlen.split(",")]
+    dtypes = args.dtypes.split(",")
 
-    def point(head_dim: int, causal: bool) -> Point:
+    def point(head_dim: int, causal: bool, seqlen: int, dtype: str) -> Point:
         if args.tokens is None:
-            return Point(4, args.seqlen, args.seqlen, 16, head_dim, "bfloat16", causal)
-        return Point(args.tokens // args.seqlen, args.seqlen, args.seqlen, 2048 // head_dim,
-                     head_dim, "bfloat16", causal)
+            return Point(4, seqlen, seqlen, 16, head_dim, dtype, causal)
+        return Point(args.tokens // seqlen, seqlen, seqlen, 2048 // head_dim, head_dim, dtype,
+                     causal)
 
-    points = [point(hd, causal) for hd in head_dims for causal in masks]
+    points = [point(hd, causal, n, dtype) for dtype in dtypes for hd in head_dims
+              for causal in masks for n in seqlens]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p in points
                        for cfg in candidates(p.head_dim, p.causal, p.seqlen_q, names).values()],

@@ -138,7 +138,8 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
 #: tokens, end to end (device only), against the persistent static walk the dispatcher would
 #: run, or its counter where that walk is unbalanced): 8k 620 -> 634 (643 -> 665), 16k (the
 #: counter) 658 -> 681 (696 -> 708); shorter it lost (4k 590 -> 583, 2k 526 -> 488), as the
-#: order over 40 MiB sections had on the persistent grid (thirteenth session).
+#: order over 40 MiB sections had on the persistent grid (thirteenth session). Sliding windows
+#: (equal tiles) take it too, not measured.
 _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
     128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
 }
