@@ -68,6 +68,23 @@ def test_sass_json_and_controls(artifacts):
     assert "diff" not in data
 
 
+def test_sass_masked_builds_the_masked_kernel(artifacts):
+    """``--masked``: the causal / sliding-window kernel, whose mask compares and selects the
+    unmasked kernel does not have; refused for a GEMM config."""
+    counts = {}
+    for flags in ((), ("--masked",)):
+        result = runner.invoke(app, ["sass", "k07", "--arch", "sm_80", "--head-dim", "64",
+                                     "--json", "--artifacts", artifacts, *flags])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["masked"] == bool(flags)
+        counts[bool(flags)] = data["kernels"][0]["sass"]["opcodes"]
+    assert counts[True].get("FSEL", 0) > counts[False].get("FSEL", 0)
+    assert sum(counts[True].values()) > sum(counts[False].values())
+    refused = invoke("sass", "gemm", "--masked", "--artifacts", artifacts)
+    assert refused.exit_code != 0 and "not an attention config" in refused.output
+
+
 def test_sass_controls_listing(artifacts):
     result = invoke("sass", "k01", "--arch", "sm_80", "--head-dim", "64", "--controls",
                     "--artifacts", artifacts)

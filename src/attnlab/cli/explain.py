@@ -60,6 +60,9 @@ DTYPE_OPTION = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16.")
 HEAD_DIM_OPTION = typer.Option(128, "--head-dim", help="Head dimension: "
                                f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}.")
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of tables.")
+MASKED_OPTION = typer.Option(False, "--masked",
+                             help="An attention config's causal / sliding-window kernel (the "
+                             "mask's code and registers are its own).")
 ARTIFACTS_OPTION = typer.Option(None, "--artifacts",
                                 help="Folder for the cubins (default: a cache in the temp dir).")
 
@@ -120,9 +123,13 @@ class _Kernel:
 
 
 def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
-           artifacts: Path | None) -> _Kernel:
-    """Resolve, cross-compile (with a spinner) and analyse one config."""
+           artifacts: Path | None, masked: bool = False) -> _Kernel:
+    """Resolve, cross-compile (with a spinner) and analyse one config (``masked``: an
+    attention config's causal / sliding-window kernel)."""
     label, config = _resolve(spec, hint)
+    if masked and not isinstance(config, FlashConfig):
+        raise typer.BadParameter("--masked selects an attention kernel's masked variant; "
+                                 f"{label} is not an attention config", param_hint=hint)
     try:
         config.check_problem(head_dim, arch)
     except ConfigError as exc:
@@ -146,7 +153,7 @@ def _build(spec: str, hint: str, arch: str, dtype: str, head_dim: int,
                                  artifacts)
         else:
             built = compile_config(config, arch, dtype=dtype, head_dim=head_dim,
-                                   out_dir=artifacts)
+                                   windowed=masked, out_dir=artifacts)
     try:
         text = disassemble_cubin(built.cubin, encodings=True)
         resources = kernel_resources(built, text)
@@ -270,6 +277,7 @@ def sass(
     gpu: str = GPU_OPTION,
     top: int = TOP_OPTION,
     controls: bool = CONTROLS_OPTION,
+    masked: bool = MASKED_OPTION,
     as_json: bool = JSON_OPTION,
     artifacts: Path | None = ARTIFACTS_OPTION,
 ) -> None:
@@ -278,14 +286,15 @@ def sass(
     _choice(arch, list(SMEM_CAPACITY), "--arch")
     _choice(dtype, SUPPORTED_DTYPES, "--dtype")
     spec = _gpu(gpu)
-    kernels = [_build(config, "CONFIG", arch, dtype, head_dim, artifacts)]
+    kernels = [_build(config, "CONFIG", arch, dtype, head_dim, artifacts, masked)]
     if vs is not None:
-        kernels.append(_build(vs, "--vs", arch, dtype, head_dim, artifacts))
+        kernels.append(_build(vs, "--vs", arch, dtype, head_dim, artifacts, masked))
     rows = diff(kernels[0].report, kernels[1].report) if vs is not None else None
 
     if as_json:
         payload: dict[str, object] = {"counts": "static (build-time)", "arch": arch,
-                                      "dtype": dtype, "head_dim": head_dim, "kernels": [
+                                      "dtype": dtype, "head_dim": head_dim, "masked": masked,
+                                      "kernels": [
             {"label": k.label, "config": k.config.to_dict(), "sass": k.report.to_dict(),
              "resources": k.resources.to_dict(),
              "occupancy": _occupancy(k, spec).to_dict()} for k in kernels]}
@@ -304,7 +313,7 @@ def sass(
     for k in kernels:
         console.print(f"{k.label}: {k.config.short_name()}")
     problem = ("" if isinstance(kernels[0].config, GemmConfig | MmaGemmConfig)
-               else f", head_dim {head_dim}")
+               else f", head_dim {head_dim}{', masked' if masked else ''}")
     console.print(f"{arch}, {dtype}{problem}; {STATIC}\n")
     if rows is None:
         report = kernels[0].report
@@ -452,6 +461,7 @@ def occupancy_command(
     arch: str | None = OWN_ARCH_OPTION,
     dtype: str = DTYPE_OPTION,
     head_dim: int = HEAD_DIM_OPTION,
+    masked: bool = MASKED_OPTION,
     as_json: bool = JSON_OPTION,
     artifacts: Path | None = ARTIFACTS_OPTION,
 ) -> None:
@@ -465,7 +475,8 @@ def occupancy_command(
     for spec in gpus:
         target = arch or _compile_arch(spec)
         if target not in built:
-            built[target] = _build(config, "CONFIG", target, dtype, head_dim, artifacts)
+            built[target] = _build(config, "CONFIG", target, dtype, head_dim, artifacts,
+                                   masked)
         results.append((spec, target, _occupancy(built[target], spec)))
 
     if as_json:
