@@ -13,7 +13,8 @@
 #            static walk leaves unbalanced (causal, each SEQLEN given, e.g. 16384 8192)
 #   masked   the masked grids by length, bf16 and fp16, causal 2k-16k at 16k tokens: hd128 on
 #            FA4's grid (one CTA per tile, longest first; the default from 8k) and the
-#            persistent walks, hd64 the same with B_c 128 (scripts/sm90_candidates.py)
+#            persistent walks, hd64 one CTA per tile and its own grid at B_c 128
+#            (scripts/sm90_candidates.py)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -115,7 +116,7 @@ case $mode in
       | grep -v Warning | tee -a "$log"
     python3 scripts/sm90_candidates.py --head-dims 64 --masks causal --tokens 16384 \
       --seqlen 2048,4096,8192,16384 --dtypes bfloat16,float16 --runs 15 \
-      --variants one_cta_bc128,one_cta --out "$OUT/masked-hd64" 2>&1 \
+      --variants one_cta_bc128,one_cta,bc128 --out "$OUT/masked-hd64" 2>&1 \
       | grep -v Warning | tee -a "$log"
     ;;
   narrow)

@@ -90,6 +90,8 @@ for _head_dim in (32, 64, 96, 256):
 #: twentieth session (-7 % at 4k then, before the R2P mask).
 for _head_dim in (32, 64):
     VARIANTS[_head_dim]["one_cta_bc128"] = {**_ONE_CTA, "block_n": 128, "fence_p": False}
+#: ... and on the default's grid, where B_c 128 spills 4 values today (`attnlab sass --masked`).
+VARIANTS[64]["bc128"] = {"block_n": 128, "fence_p": False}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 #: hd256's 16 MiB sections; at hd128 causal also FA4's grid, one CTA per tile longest first
 #: (thirty-fifth session).
