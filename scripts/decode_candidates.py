@@ -100,7 +100,10 @@ def main() -> None:
         kpw, stages = decode_tile(point.head_dim, info.arch)
         tiles = math.ceil(point.heads // point.kv_heads / 16)
         blocks = math.ceil(point.seqlen_k / (kpw * DECODE_WARPS))
-        auto = choose_splits(tiles * point.batch * point.kv_heads, blocks, info.multiprocessors)
+        # The call's split count, contiguous and paged (a paged cache keeps two at half a wave).
+        auto_for = {paged: choose_splits(tiles * point.batch * point.kv_heads, blocks,
+                                         info.multiprocessors, paged) for paged in (False, True)}
+        auto = auto_for[False]
         variants = {}
         if args.combine:
             for splits in sorted({max(2, auto), min(128, 2 * max(2, auto))}):
@@ -112,11 +115,11 @@ def main() -> None:
             for paged in (False, True):
                 for merge in ("kernel", "serial"):
                     variants[f"{'paged' if paged else 'contiguous'} {merge}"] = runner(
-                        point, sets, paged, auto, stages, kpw, merge)
+                        point, sets, paged, auto_for[paged], stages, kpw, merge)
         if args.paged:
             for paged in (False, True):
                 variants["paged" if paged else "contiguous"] = runner(
-                    point, sets, paged, auto, stages, kpw)
+                    point, sets, paged, auto_for[paged], stages, kpw)
         if not (args.combine or args.paged or args.merge):
             # The default tile at the chosen split count and at a half, a quarter and an
             # eighth of it, each merged as ``attention_with_kvcache`` would merge it.

@@ -98,10 +98,8 @@ def line(row: dict) -> str:
             return f"{name} -"
         return f"{name} {value[0]:.0f}({value[1]:.0f})"
 
-    best = max((row[p][0] for p in ("fa4", "sdpa_cudnn") if row.get(p) and row[p][0]),
-               default=None)
-    ours = row.get("attnlab", [None])[0]
-    ratio = f"{ours / best:.3f}" if ours and best else "-"
+    measured = ratios(row)
+    ratio = f"{measured[0]:.3f}" if measured else "-"
     return f"{row['point']}: {'  '.join(cell(n) for n in ('attnlab', *PEERS))}  x{ratio}"
 
 
