@@ -83,7 +83,8 @@ VARIANTS[64]["kv4"] = {"kv_stages": 4}
 for _head_dim in (32, 64, 96, 256):
     VARIANTS[_head_dim]["long_masked_tile"] = dict(SM90A_WGMMA_KNOBS[_head_dim, True])
     VARIANTS[_head_dim]["long_masked_tile_per_head"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
-                                                        "lpt": False}
+                                                        "lpt": False,
+                                                        "l2_section_mb": L2_SECTION_MB}
 #: FA4's grid at hd32/64 under a mask: one CTA per tile, longest first, B_c 128 (which the
 #: persistent loop cannot hold without spills; one CTA per tile can, as packed sequences run
 #: it): hd128 gained from it from 8k (thirty-fifth session), hd64 not measured since the
@@ -105,14 +106,20 @@ VARIANTS[128].update(per_head_persistent={**_PERSISTENT, **_PER_HEAD},
                      per_head_dynamic={**_DYNAMIC, **_PER_HEAD})
 
 
+#: Variants about the masked grids and tiles: timed on unmasked points only when named.
+MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "one_cta_bc128", "bc128",
+               "one_cta_kv3", "per_head_persistent", "per_head_dynamic"}
+
+
 def candidates(head_dim: int, causal: bool, seqlen: int,
                names: set[str] | None = None) -> dict[str, FlashConfig]:
-    """The variants of the point's default (``names``: only those, the default always); a
-    variant that is the default at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k)
-    is not timed twice."""
+    """The variants of the point's default (``names``: only those, the default always; without
+    names, every variant but ``MASKED_ONLY`` on unmasked points); a variant that is the default
+    at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice."""
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen)
     chosen = {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
-              if names is None or name == "default" or name in names}
+              if name == "default" or (name in names if names is not None
+                                       else causal or name not in MASKED_ONLY)}
     return {name: cfg for name, cfg in chosen.items() if name == "default" or cfg != default}
 
 

@@ -320,7 +320,8 @@ def test_tuning_refines_the_knobs_of_the_best_tile(fake_h200, monkeypatch, refin
 
 def test_tuning_causal_entries_prune_and_time_the_masked_kernel(fake_h200, monkeypatch):
     """``tune --mode both``: each mask prunes its own kernel build, is timed on its own problem
-    against its own default, and lands under its own key (where masked dispatch looks)."""
+    against its own default at that problem's length, and lands under its own key (where
+    masked dispatch looks)."""
     from attnlab.analysis import occupancy
     from attnlab.cli import measure
     from attnlab.tune import search
@@ -341,8 +342,11 @@ def test_tuning_causal_entries_prune_and_time_the_masked_kernel(fake_h200, monke
     measure._run_tuning(fake_h200, [512], 64, "float16", 16384, 2048, 1, 4, 5, False, False,
                         (False, True))
     assert pruned == [False, True]
-    assert timed == [(False, policy.default_for("sm_90a", 64, dtype="float16")),
-                     (True, policy.default_for("sm_90a", 64, windowed=True, dtype="float16"))]
+    # At seq 512 the masked default is the short masked tile, not the 4k one.
+    short = policy.default_for("sm_90a", 64, windowed=True, dtype="float16", seqlen=512)
+    assert short != policy.default_for("sm_90a", 64, windowed=True, dtype="float16")
+    assert timed == [(False, policy.default_for("sm_90a", 64, dtype="float16", seqlen=512)),
+                     (True, short)]
     cache = TuneCache()
     tile = policy.default_for("sm_90a", 64).replace(block_n=64)
     for causal in (False, True):

@@ -139,8 +139,12 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
 #: run, or its counter where that walk is unbalanced): 8k 620 -> 634 (643 -> 665), 16k (the
 #: counter) 658 -> 681 (696 -> 708); shorter it lost (4k 590 -> 583, 2k 526 -> 488), as the
 #: order over 40 MiB sections had on the persistent grid (thirteenth session). Sliding windows
-#: (equal tiles) take it too, not measured.
+#: (equal tiles) take it too, not measured. hd64 from 8k on the long masked tile's grid at
+#: B_c 128 instead of 96 (4 spilled values; thirty-sixth session, H100, causal, 16k tokens, end
+#: to end (device only)): fp16 8k 462 -> 474 (471 -> 485), 16k 489 -> 508 (496 -> 510); bf16
+#: 8k 479 -> 479 (481 -> 484), 16k 510 -> 511 (517 -> 523); at 4k bf16 lost 1 % (425 -> 421).
 _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
+    64: {"block_n": 128, "fence_p": False},
     128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
 }
 VERY_LONG_MASKED_SEQLEN = 8192
@@ -168,9 +172,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
     warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
     ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
-    ``SM90A_SHORT_MASKED_KNOBS``; dense, masked and from ``VERY_LONG_MASKED_SEQLEN`` at hd128,
-    one CTA per tile longest first; unmasked with at most ``SHORT_KV_SEQLEN`` keys
-    (``short_kv``) at hd64/128, one 80-key block); otherwise
+    ``SM90A_SHORT_MASKED_KNOBS``; dense, masked and from ``VERY_LONG_MASKED_SEQLEN``,
+    ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first);
+    unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
+    block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""

@@ -481,7 +481,6 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
             # A masked problem runs a kernel of its own (registers, spills): prune and time it
             # against its own default.
             label = "causal" if causal else "full"
-            default = default_for(arch, head_dim, windowed=causal, dtype=dtype_name)
             task = progress.add_task(f"{label}: compile + prune ({workers} workers)",
                                      total=len(space))
             chosen, summary = prune_space(space, current_device_spec(), arch, dtype_name,
@@ -493,6 +492,9 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
                                      causal=(causal,)):
                 timing = progress.add_task(f"{label}: time seq {point.seqlen_q}",
                                            total=len(chosen) + 1)
+                # The masked default depends on the query length (policy.default_for).
+                default = default_for(arch, head_dim, windowed=causal, dtype=dtype_name,
+                                      seqlen=point.seqlen_q)
                 outcome = time_candidates(point, default, chosen, runs=runs,
                                           on_impl=lambda name, t=timing: progress.advance(t))
                 if refine:
