@@ -79,12 +79,15 @@ for _head_dim in (32, 64, 96, 128, 192):
 VARIANTS[64]["kv4"] = {"kv_stages": 4}
 #: Below 4k masked queries, the tile of the long masked ones (the three-warpgroup tiles measured
 #: 0.81x at seq 1k in the thirteenth session, before the R2P mask and the rescale first), in
-#: its longest-first order and in the per-head one (thirty-fifth session).
+#: its longest-first order and in the per-head one (thirty-fifth session), and on the static
+#: walk instead of the counter (thirty-sixth).
 for _head_dim in (32, 64, 96, 256):
     VARIANTS[_head_dim]["long_masked_tile"] = dict(SM90A_WGMMA_KNOBS[_head_dim, True])
     VARIANTS[_head_dim]["long_masked_tile_per_head"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
                                                         "lpt": False,
                                                         "l2_section_mb": L2_SECTION_MB}
+    VARIANTS[_head_dim]["long_masked_tile_static"] = {**SM90A_WGMMA_KNOBS[_head_dim, True],
+                                                      "dynamic_tiles": False}
 #: FA4's grid at hd32/64 under a mask: one CTA per tile, longest first, B_c 128 (which the
 #: persistent loop cannot hold without spills; one CTA per tile can, as packed sequences run
 #: it): hd128 gained from it from 8k (thirty-fifth session), hd64 not measured since the
@@ -107,7 +110,8 @@ VARIANTS[128].update(per_head_persistent={**_PERSISTENT, **_PER_HEAD},
 
 
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
-MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "one_cta_bc128", "bc128",
+MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
+               "one_cta_bc128", "bc128",
                "one_cta_kv3", "per_head_persistent", "per_head_dynamic"}
 
 

@@ -292,19 +292,22 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     assert resources.stack_bytes <= 32 if framed else not resources.spills, resources
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_very_long_masked_defaults_compile_with_their_measured_spills(head_dim, artifact_dir):
-    """The masked default from ``policy.VERY_LONG_MASKED_SEQLEN`` queries: hd128 on one CTA per
-    tile without spills; hd64 at B_c 128 on the counter's grid with the four values it spills
-    (16 B of stack, measured faster than B_c 96's spill-free tile from 8k), none of them
-    between the MMAs."""
-    cfg = policy.default_for("sm_90a", head_dim, True, seqlen=policy.VERY_LONG_MASKED_SEQLEN)
-    assert cfg.block_n == 128
+@pytest.mark.parametrize(("head_dim", "seqlen", "stack_bytes"), [
+    (64, policy.MID_MASKED_SEQLEN, 0), (64, policy.VERY_LONG_MASKED_SEQLEN, 16),
+    (128, policy.VERY_LONG_MASKED_SEQLEN, 0)])
+def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, seqlen,
+                                                                      stack_bytes, artifact_dir):
+    """The masked defaults that depend on the query length: hd64 in the 2k bucket on the static
+    walk and hd128 from 8k on one CTA per tile, without spills; hd64 from 8k at B_c 128 on the
+    counter's grid with the four values it spills (16 B of stack, measured faster than B_c
+    96's spill-free tile there); none of them between the MMAs."""
+    cfg = policy.default_for("sm_90a", head_dim, True, seqlen=seqlen)
+    assert cfg != policy.default_for("sm_90a", head_dim, True)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=True, out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
     assert not spills_between_mmas(parse(sass_text))
     resources = read_resources(art.cubin, sass_text)
-    assert resources.stack_bytes <= (16 if head_dim == 64 else 0), resources
+    assert resources.stack_bytes <= stack_bytes, resources
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -148,6 +148,15 @@ _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
     128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
 }
 VERY_LONG_MASKED_SEQLEN = 8192
+#: Masked hd64 up to ``MID_MASKED_SEQLEN`` queries (the 2k bucket): the long masked tile on the
+#: static walk instead of the counter (the dispatcher still hands an unbalanced walk to the
+#: counter). Thirty-sixth session, H100, causal, end to end (device only), counter -> static:
+#: 2k B=8 bf16 351 -> 363 (388 -> 400), fp16 340 -> 350 (357 -> 369); 2k B=6 bf16 372 -> 384
+#: (389 -> 402), fp16 355 -> 368 (381 -> 392). Not from 3k: 3k B=4 bf16 430 -> 406 (-5.6 %),
+#: fp16 412 -> 391, though the host's balance model reads that walk as even (1.03); 4k B=3
+#: +1.6 % (bf16 426 -> 433, fp16 416 -> 423).
+_MID_MASKED_TILES: dict[int, dict[str, object]] = {64: {"dynamic_tiles": False}}
+MID_MASKED_SEQLEN = 2048
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
 #: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
@@ -172,7 +181,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     """What ``attention()`` runs without a tuned entry: on sm_90a, dense or packed, the
     warpgroup-MMA kernel with the tile measured best (``SM90A_WGMMA_KNOBS``; masked and
     ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
-    ``SM90A_SHORT_MASKED_KNOBS``; dense, masked and from ``VERY_LONG_MASKED_SEQLEN``,
+    ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
+    ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
     ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); otherwise
@@ -185,8 +195,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
-        very_long = (windowed and not varlen and seqlen is not None
-                     and seqlen >= VERY_LONG_MASKED_SEQLEN)
+        dense_masked = windowed and not varlen and seqlen is not None
+        if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
+            config = config.replace(**_MID_MASKED_TILES[head_dim])
+        very_long = dense_masked and seqlen >= VERY_LONG_MASKED_SEQLEN
         if very_long and head_dim in _VERY_LONG_MASKED_TILES:
             config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
