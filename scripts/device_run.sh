@@ -11,10 +11,9 @@
 #   dynamic [SEQLEN...]  the persistent forward's GPU tests (static and dynamic walks; a hung
 #            kernel is cut at 300 s), then the hd128 and hd256 candidates at the masked points the
 #            static walk leaves unbalanced (causal, each SEQLEN given, e.g. 16384 8192)
-#   masked   the masked grids by length, bf16 and fp16, causal 2k-16k at 16k tokens: hd128 on
-#            FA4's grid (one CTA per tile, longest first; the default from 8k) and the
-#            persistent walks, hd64 one CTA per tile and its own grid at B_c 128
-#            (scripts/sm90_candidates.py)
+#   masked   hd64 causal, the static walk against the counter by length (1280-4096 at 12k
+#            tokens, bf16 and fp16): the static walk won at 2048 and 4096, lost at 1536 and
+#            3072 (thirty-sixth session); which lengths take which (scripts/sm90_candidates.py)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -110,13 +109,9 @@ case $mode in
     done
     ;;
   masked)
-    python3 scripts/sm90_candidates.py --head-dims 128 --masks causal --tokens 16384 \
-      --seqlen 2048,4096,8192,16384 --dtypes bfloat16,float16 --runs 15 \
-      --variants one_cta_lpt16,per_head_persistent,per_head_dynamic --out "$OUT/masked-hd128" 2>&1 \
-      | grep -v Warning | tee -a "$log"
-    python3 scripts/sm90_candidates.py --head-dims 64 --masks causal --tokens 16384 \
-      --seqlen 2048,4096,8192,16384 --dtypes bfloat16,float16 --runs 15 \
-      --variants one_cta_bc128,one_cta,bc128 --out "$OUT/masked-hd64" 2>&1 \
+    python3 scripts/sm90_candidates.py --head-dims 64 --masks causal --tokens 12288 \
+      --seqlen 1280,1536,1792,2048,2560,3072,3584,4096 --dtypes bfloat16,float16 --runs 15 \
+      --variants long_masked_tile_static,dynamic --out "$OUT/masked-hd64" 2>&1 \
       | grep -v Warning | tee -a "$log"
     ;;
   narrow)

@@ -24,6 +24,7 @@ from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import SM90A_WGMMA_KNOBS, default_for
+from attnlab.tune.cache import seqlen_bucket
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
 #: at its head dim, mask and length), so a sweep measures one step against what users run.
@@ -119,8 +120,10 @@ def candidates(head_dim: int, causal: bool, seqlen: int,
                names: set[str] | None = None) -> dict[str, FlashConfig]:
     """The variants of the point's default (``names``: only those, the default always; without
     names, every variant but ``MASKED_ONLY`` on unmasked points); a variant that is the default
-    at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice."""
-    default = default_for("sm_90a", head_dim, causal, seqlen=seqlen)
+    at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice. The
+    default is the policy's at the length's bucket, as ``dispatch`` looks it up (which may
+    still hand an unbalanced static walk to the counter)."""
+    default = default_for("sm_90a", head_dim, causal, seqlen=seqlen_bucket(seqlen))
     chosen = {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
               if name == "default" or (name in names if names is not None
                                        else causal or name not in MASKED_ONLY)}

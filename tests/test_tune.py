@@ -234,6 +234,13 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
                               (16384, 192, True)):
         short = dispatch.config_for(device, dataclasses.replace(hd64, seqlen_q=seqlen))
         assert (short.block_m, short.lpt) == (rows, lpt), seqlen
+    # hd64 by length: the static walk in the 2k bucket (it balances here), the counter from
+    # 4k, B_c 128 from 8k; an unbalanced static walk goes to the counter.
+    for seqlen, batch, dynamic, block_n in ((2048, 4, False, 96), (4096, 4, True, 96),
+                                            (8192, 4, True, 128), (2048, 1, True, 96)):
+        chosen64 = dispatch.config_for(device, dataclasses.replace(
+            hd64, seqlen_q=seqlen, seqlen_k=seqlen, batch=batch))
+        assert (chosen64.dynamic_tiles, chosen64.block_n) == (dynamic, block_n), seqlen
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_q=1024)).block_m == 192
     # Cross-attention to at most 80 keys: one 80-key block at hd64/128, unmasked only.
     clip = dataclasses.replace(problem(4096), seqlen_k=77)

@@ -240,14 +240,16 @@ def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
 
 def default_specs(arch: str) -> list[ForwardSpec]:
     """The kernels ``attention()`` runs on ``arch`` without a tuned entry: every supported head
-    dim, both dtypes, plain and masked (short and long queries), with and without the LSE,
-    dense batches (a ``static_strides`` default with the strides of contiguous tensors of
-    ``abi.CANONICAL_HEADS`` heads). What ``attnlab cache --warm`` compiles."""
+    dim, both dtypes, plain and masked (short, 2k, long and very long queries), with and
+    without the LSE, dense batches (a ``static_strides`` default with the strides of
+    contiguous tensors of ``abi.CANONICAL_HEADS`` heads). What ``attnlab cache --warm``
+    compiles."""
     specs = []
     for head_dim in SUPPORTED_HEAD_DIMS:
         for dtype in SUPPORTED_DTYPES:
             for windowed, seqlen, short_kv in ((False, None, False), (True, None, False),
                                                (True, 1, False),
+                                               (True, MID_MASKED_SEQLEN, False),
                                                (True, VERY_LONG_MASKED_SEQLEN, False),
                                                (False, None, True)):
                 config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen,

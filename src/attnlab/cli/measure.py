@@ -469,6 +469,7 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
     from attnlab.bench.runner import tokens_grid
     from attnlab.kernel_cache import dsl_version
     from attnlab.policy import default_for
+    from attnlab.tune.cache import seqlen_bucket
     from attnlab.tune.search import prune_space, time_candidates
     from attnlab.tune.space import knob_neighbours, search_space
 
@@ -492,9 +493,10 @@ def _run_tuning(cache, lengths, head_dim, dtype_name, tokens, hidden, workers, m
                                      causal=(causal,)):
                 timing = progress.add_task(f"{label}: time seq {point.seqlen_q}",
                                            total=len(chosen) + 1)
-                # The masked default depends on the query length (policy.default_for).
+                # The masked default depends on the query length's bucket, as dispatch
+                # looks it up (policy.default_for).
                 default = default_for(arch, head_dim, windowed=causal, dtype=dtype_name,
-                                      seqlen=point.seqlen_q)
+                                      seqlen=seqlen_bucket(point.seqlen_q))
                 outcome = time_candidates(point, default, chosen, runs=runs,
                                           on_impl=lambda name, t=timing: progress.advance(t))
                 if refine:
