@@ -1,6 +1,7 @@
 """Time decoding-kernel candidates (split counts, merges) on the GPU.
 
-Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged] [--out DIR]
+Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged | --tma]
+[--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
 ``attention_with_kvcache`` picks) against a half, a quarter and an eighth of its split count,
 each merged as the call would merge it, all through the same kernels
@@ -11,6 +12,8 @@ split count (what the merge costs). ``--merge``: instead, the combine kernel aga
 serial merge (the last split merges) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page).
+``--tma``: instead, K/V by TMA boxes (``DecodeSpec.tma_rows``, sm_90a) against the row
+gathers, contiguous and paged, at the call's split counts, device only and end to end.
 Results go to OUT/decode_candidates.json.
 """
 
@@ -24,7 +27,7 @@ from pathlib import Path
 import torch
 
 from attnlab import device, kernel_cache
-from attnlab.bench.decode import decode_sets, kv_bytes
+from attnlab.bench.decode import PAGE_SIZE, decode_sets, kv_bytes
 from attnlab.bench.runner import Point
 from attnlab.bench.timing import (
     MAX_CALLS_PER_SPAN,
@@ -32,7 +35,7 @@ from attnlab.bench.timing import (
     sample_interleaved,
     summarize,
 )
-from attnlab.decode import choose_splits, decode_tile, serial_merge
+from attnlab.decode import choose_splits, decode_tile, serial_merge, tma_rows
 from attnlab.kernels.abi import DECODE_WARPS, CombineSpec, DecodeSpec, encode_window
 
 POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, heads_kv=1),
@@ -43,13 +46,14 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 
 
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
-           merge: str | None = "kernel"):
+           merge: str | None = "kernel", tma_rows: int = 0):
     """One variant's call; ``merge``: how a split decoding's partials are merged (by the
-    combine ``"kernel"``, by the last split: ``"serial"``; None: not at all)."""
+    combine ``"kernel"``, by the last split: ``"serial"``; None: not at all); ``tma_rows``:
+    K/V by TMA boxes of that many keys (0: row gathers)."""
     info = device.info(torch.device("cuda"))
     serial = merge == "serial" and splits > 1
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
-                      kpw, stages, serial_merge=serial)
+                      kpw, stages, serial_merge=serial, tma_rows=tma_rows)
     decode = kernel_cache.get(spec).fn
     combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
                if merge == "kernel" else None)
@@ -89,6 +93,9 @@ def main() -> None:
                         help="time the split decoding alone and with each combine")
     parser.add_argument("--paged", action="store_true",
                         help="time the default on the contiguous and on the paged cache")
+    parser.add_argument("--tma", action="store_true",
+                        help="time K/V by TMA boxes against the row gathers, contiguous and "
+                             "paged, device only and end to end")
     parser.add_argument("--merge", action="store_true",
                         help="time the combine kernel against the serial merge, contiguous "
                              "and paged, device only and end to end")
@@ -120,7 +127,17 @@ def main() -> None:
             for paged in (False, True):
                 variants["paged" if paged else "contiguous"] = runner(
                     point, sets, paged, auto_for[paged], stages, kpw)
-        if not (args.combine or args.paged or args.merge):
+        if args.tma:
+            for paged in (False, True):
+                layout = "paged" if paged else "contiguous"
+                splits = auto_for[paged]
+                merge = "serial" if serial_merge(splits, blocks) else "kernel"
+                rows_for = {"gathers": 0, "tma": tma_rows(
+                    info.arch, kpw * DECODE_WARPS, PAGE_SIZE if paged else None, enabled=True)}
+                for how, rows in rows_for.items():
+                    variants[f"{layout} {how}"] = runner(point, sets, paged, splits, stages,
+                                                         kpw, merge, rows)
+        if not (args.combine or args.paged or args.merge or args.tma):
             # The default tile at the chosen split count and at a half, a quarter and an
             # eighth of it, each merged as ``attention_with_kvcache`` would merge it.
             for splits in sorted({max(1, auto // f) for f in (1, 2, 4, 8)}, reverse=True):

@@ -3,10 +3,13 @@ the tile and split choices, and the inputs ``attention_with_kvcache`` refuses.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import attnlab
+from attnlab import decode
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_spec
@@ -20,6 +23,7 @@ from attnlab.kernels.abi import (
     spec_from_dict,
 )
 from attnlab.kernels.common.decode import MERGE_SPLITS, THREADS, FlashDecode
+from attnlab.kernels.common.layouts import atom_cols
 
 
 def test_launch_abi_is_spelled_out_once():
@@ -90,6 +94,47 @@ def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
     assert in_code < ops["LDGSTS"] <= in_code + 4
     res = read_resources(art.cubin, text)
     assert not res.spills and res.registers <= 255, res
+
+
+# (head dim, knobs): TMA boxes of a block (contiguous), of a page shorter than a block, and
+# of a block inside a longer page.
+TMA_COMPILED = [(128, {"tma_rows": 128, "split": True}),
+                (96, {"tma_rows": 16, "paged": True, "split": True}),
+                (256, {"tma_rows": 64, "paged": True, "split": True, "serial_merge": True}),
+                (128, {"tma_rows": 128, "batch_idx": True, "windowed": True})]
+
+
+@pytest.mark.parametrize("head_dim, knobs", TMA_COMPILED)
+def test_tma_kernels_bring_k_and_v_in_boxes(head_dim, knobs, tmp_path):
+    """With ``tma_rows`` a K/V block comes in block / rows boxes per tensor and swizzle atom's
+    columns, at the prologue's ``kv_stages - 1`` issue sites and the loop's; only Q's rows go
+    by ``cp.async``; no spill, and fewer registers than the row gathers hold addresses in."""
+    keys_per_warp, stages = decode_tile(head_dim, "sm_90a")
+    spec = DecodeSpec("sm_90a", "bfloat16", head_dim, keys_per_warp=keys_per_warp,
+                      kv_stages=stages, **knobs)
+    resources, ops = {}, {}
+    for name, kernel in (("tma", spec), ("gathers", dataclasses.replace(spec, tma_rows=0))):
+        art = compile_spec(kernel, tmp_path / name)
+        text = disassemble(art.cubin)
+        resources[name], ops[name] = read_resources(art.cubin, text), histogram(parse(text))
+    boxes = keys_per_warp * DECODE_WARPS // spec.tma_rows * head_dim // atom_cols(head_dim)
+    assert ops["tma"]["UTMALDG"] == stages * 2 * boxes
+    assert ops["tma"]["LDGSTS"] <= 4 < ops["gathers"]["LDGSTS"]
+    assert not resources["tma"].spills
+    assert resources["tma"].registers < resources["gathers"].registers
+
+
+def test_tma_boxes_follow_the_pages(monkeypatch):
+    """``decode.tma_rows``: off unless ``TMA_KV_LOADS`` on sm_90a; a contiguous cache's whole
+    block, a page that divides the block, the block inside a page that holds whole blocks;
+    pages that straddle blocks (48 keys) keep the row gathers."""
+    assert decode.tma_rows("sm_90a", 128, None) == 0
+    monkeypatch.setattr(decode, "TMA_KV_LOADS", True)
+    assert decode.tma_rows("sm_80", 128, None) == 0
+    assert [decode.tma_rows("sm_90a", 128, page) for page in (None, 16, 32, 48, 64, 128,
+                                                              256, 96)] == [
+        128, 16, 32, 0, 64, 128, 128, 0]
+    assert decode.tma_rows("sm_90a", 64, 256) == 64
 
 
 def test_k_and_v_share_a_rows_offset_where_their_strides_agree(tmp_path):

@@ -10,6 +10,7 @@ import torch
 
 import attnlab
 from attnlab import reference
+from attnlab.kernels.abi import DECODE_WARPS
 
 pytestmark = pytest.mark.gpu
 
@@ -89,14 +90,22 @@ CASES = [
 # 3, 0 (auto: at most 12 here) and 32: merged serially; 64 (most of them empty): by the combine.
 @pytest.mark.parametrize("num_splits", [1, 3, 0, 32, 64])
 def test_matches_the_reference_over_ragged_caches(case, dtype, num_splits):
+    batch, seqlen_q, _, _, head_dim, _, _ = case
+    check_ragged_call(case, DTYPES[dtype], num_splits, batch * 131 + head_dim + seqlen_q)
+
+
+def check_ragged_call(case, dt, num_splits, seed, poison=False):
+    """One call over ragged caches of 1500 keys (one length 0 when there are several
+    sequences) against the fp64 reference, into an ``out`` poisoned with NaN; ``poison``:
+    NaN in every cache slot past the lengths too (``poison_past_lengths``)."""
     batch, seqlen_q, heads, heads_kv, head_dim, page_size, window = case
-    dt = DTYPES[dtype]
-    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + head_dim + seqlen_q)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     capacity = 1500
     k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, dt, gen,
                                          page_size)
-    # Ragged lengths, one of them 0 when there are several sequences.
     lengths = [0 if b == 1 else 1 + (977 * (b + 1)) % capacity for b in range(batch)]
+    if poison:
+        poison_past_lengths(k_cache, v_cache, table, lengths)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     q = randn(batch, seqlen_q, heads, head_dim, dtype=dt, gen=gen)
     scale = 1 / math.sqrt(head_dim)
@@ -337,3 +346,57 @@ def test_combine_merges_partials_by_their_lses(head_dim, splits):
     assert torch.equal(lse.isfinite(), finite) and not finite[1, 2, 0]
     assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() <= 1e-4
     assert out[1, 0, 2].abs().max().item() == 0
+
+
+def poison_past_lengths(k_cache, v_cache, table, lengths):
+    """NaN in every cache slot no sequence reads: past each length, and unused pages."""
+    if table is None:
+        for b, length in enumerate(lengths):
+            k_cache[b, length:] = math.nan
+            v_cache[b, length:] = math.nan
+        return
+    page_size = k_cache.shape[1]
+    unused = torch.ones(k_cache.shape[0], dtype=torch.bool, device=k_cache.device)
+    for b, length in enumerate(lengths):
+        for i, page in enumerate(table[b].tolist()):
+            unused[page] = False
+            first = max(0, length - i * page_size)
+            k_cache[page, first:] = math.nan
+            v_cache[page, first:] = math.nan
+    k_cache[unused] = math.nan
+    v_cache[unused] = math.nan
+
+
+# (batch, Sq, Hq, Hkv, D, page_size, window): contiguous (a 1500-key cache: its last block
+# runs past the tensor), pages of 16 / 32 / 64 keys (boxes of a page), of 256 (boxes of a
+# block inside a page), and of 48 (straddling blocks: the gathers).
+TMA_CASES = [
+    (3, 1, 32, 8, 128, None, (-1, -1)),
+    (3, 1, 8, 1, 128, 16, (-1, -1)),
+    (2, 4, 16, 4, 64, 64, (-1, 0)),
+    (2, 3, 8, 8, 256, 256, (100, 0)),
+    (2, 1, 16, 4, 96, 32, (-1, -1)),
+    (2, 1, 8, 2, 128, 48, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["cp_async", "tma"])
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_unread_cache_slots_never_reach_the_output(case, num_splits, tma, monkeypatch):
+    """Either way of loading K and V (``cp.async`` row gathers, or TMA boxes on sm_90a:
+    ``decode.TMA_KV_LOADS``), with NaN in every slot past the sequences' lengths and in the
+    unused pages: the boxes that bring such rows in must leave them masked in S and zero in
+    V."""
+    from attnlab import decode
+
+    if tma and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("TMA boxes are sm_90a's")
+    monkeypatch.setattr(decode, "TMA_KV_LOADS", tma)
+    monkeypatch.setattr(decode, "_calls", {})
+    batch, seqlen_q, _, _, head_dim, page_size, _ = case
+    dt = torch.bfloat16 if head_dim != 96 else torch.float16
+    keys_per_warp, _ = decode.decode_tile(head_dim, "sm_90a")
+    block_n = keys_per_warp * DECODE_WARPS
+    assert (decode.tma_rows("sm_90a", block_n, page_size) > 0) == (tma and page_size != 48)
+    check_ragged_call(case, dt, num_splits, batch * 7 + head_dim + seqlen_q, poison=True)

@@ -62,6 +62,10 @@ UNSPLIT_HALF_WAVE_BLOCKS = 32
 #: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
 #: partial and its share of the merge costing about as much as a block's load.
 MIN_SPLIT_BLOCKS = 2
+#: K/V by the TMA unit on sm_90a (``kernels/common/decode_tma.py``), where the cache's pages
+#: allow (``tma_rows``). Off until measured against the ``cp.async`` gathers
+#: (``scripts/decode_candidates.py --tma``; thirty-sixth session, docs/decode.md).
+TMA_KV_LOADS = False
 
 _calls: dict[tuple, _DecodeCall] = {}
 
@@ -88,6 +92,20 @@ def decode_tile(head_dim: int, arch: str) -> tuple[int, int]:
                 return keys_per_warp, stages
     raise ConfigError(f"no decoding tile at head_dim={head_dim} fits the shared memory of "
                       f"{arch} ({capacity} bytes)")
+
+
+def tma_rows(arch: str, block_n: int, page_size: int | None,
+             enabled: bool | None = None) -> int:
+    """Keys per TMA box of a call's K/V blocks (``DecodeSpec.tma_rows``), 0 for ``cp.async``
+    gathers: where ``enabled`` (None: ``TMA_KV_LOADS``) on sm_90a, a whole block for a
+    contiguous cache (``page_size`` None), a page where pages are a whole fraction of a block,
+    the block where a page holds whole blocks; other page sizes (e.g. 48 keys, pages
+    straddling blocks) keep the gathers. A box's rows start on a swizzle atom (8 rows)."""
+    if not (TMA_KV_LOADS if enabled is None else enabled) or arch != "sm_90a":
+        return 0
+    if page_size is None or page_size % block_n == 0:
+        return block_n
+    return page_size if block_n % page_size == 0 and page_size % 8 == 0 else 0
 
 
 def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int, paged: bool = False) -> int:
@@ -300,7 +318,9 @@ class _DecodeCall:
         self.tiles = tiles * batch * heads_kv
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
                           self.splits > 1, keys_per_warp, stages,
-                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial)
+                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial,
+                          tma_rows(info.arch, keys_per_warp * DECODE_WARPS,
+                                   k_cache.shape[1] if paged else None))
         self.decode = kernel_cache.get(spec).fn
         self.combine = self.split_decode = None
         if self.splits > 1:

@@ -302,12 +302,15 @@ class DecodeSpec(FlatSpec):
     counter) merges the tile's partials into the output; ``keys_per_warp``: each warp's
     slice of a K/V block (the block is ``keys_per_warp * DECODE_WARPS`` keys), ``kv_stages``
     the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
-    offset is computed for each (else K's serves both)."""
+    offset is computed for each (else K's serves both); ``tma_rows`` (sm_90a): K and V come
+    by the TMA unit in boxes of this many keys (a block, or a page shorter than a block)
+    instead of row by row by ``cp.async`` (0)."""
 
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
-        ("_split", "split"), ("_vstrides", "v_strides"), ("_serial", "serial_merge"))
+        ("_split", "split"), ("_vstrides", "v_strides"), ("_serial", "serial_merge"),
+        ("_tma", "tma_rows"))
 
     arch: str
     dtype: str
@@ -320,6 +323,7 @@ class DecodeSpec(FlatSpec):
     kv_stages: int = 2
     v_strides: bool = False
     serial_merge: bool = False
+    tma_rows: int = 0
 
     @property
     def label(self) -> str:

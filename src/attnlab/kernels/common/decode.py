@@ -19,6 +19,9 @@ kernel is built for bandwidth, not for tensor-core rate.
   page_size]``, row ``p % page_size``) and a contiguous one (``cache_batch_idx``) take the
   same path; blocks of ``kv_stages`` are in flight while the warps compute. A row's offset
   is computed once for K and V where their strides agree (``DecodeSpec.v_strides`` off).
+* **K/V by the TMA unit** (``DecodeSpec.tma_rows``, sm_90a): one thread of warp 0 issues each
+  block as boxes of a block or of a page on the stage's transaction barrier, instead of
+  every thread copying its rows (``decode_tma.py``).
 * **PDL** (programmatic dependent launch, sm_90): the kernel and the combine are launched
   before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
   before reading anything, so a launch's latency hides under the previous kernel's tail; a
@@ -37,8 +40,10 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from attnlab.kernels.abi import DECODE_WARPS, DecodeArgs, DecodeSpec
+from attnlab.kernels.common import decode_tma
 from attnlab.kernels.common.barriers import NamedBarrier, count_in
 from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.decode_tma import BoxLoads, make_box_loads
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import (
     COPY_BITS,
@@ -46,6 +51,7 @@ from attnlab.kernels.common.layouts import (
     acc_mn_view,
     row_copy,
     smem_tile_layout,
+    tma_swizzle,
     transposed,
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
@@ -74,6 +80,11 @@ class FlashDecode:
         self.pdl = spec.arch == "sm_90a"
         #: The splits merge in the kernel: see ``Serial merge`` in the module docstring.
         self.serial = spec.split and spec.serial_merge
+        #: K/V by the TMA unit: see ``K/V by the TMA unit`` in the module docstring.
+        self.tma = spec.tma_rows > 0
+        assert not self.tma or (spec.arch == "sm_90a" and self.block_n % spec.tma_rows == 0
+                                and spec.tma_rows % 8 == 0), "TMA boxes need sm_90a and " \
+            "a multiple of 8 keys that divides the block"
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -93,11 +104,16 @@ class FlashDecode:
         # The warps' partial outputs reuse the K ring once the walk is done.
         assert cute.cosize(kv_layout) * self.dtype.width >= (
             DECODE_WARPS * TILE_ROWS * D * 32), "the K ring must hold the warps' outputs"
-        SharedStorage = shared_storage({
+        fields = {
             "sQ": shared_tile(self.dtype, q_layout),
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
             "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS],
-            "arrival": cute.struct.MemRange[cutlass.Int32, 1]})
+            "arrival": cute.struct.MemRange[cutlass.Int32, 1]}
+        kv_tma = None
+        if cutlass.const_expr(self.tma):
+            fields["bars"] = cute.struct.MemRange[cutlass.Int64, spec.kv_stages]
+            kv_tma = make_box_loads(k_cache, v_cache, spec.tma_rows, D)
+        SharedStorage = shared_storage(fields)
         load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
             cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
         mma = cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
@@ -107,14 +123,14 @@ class FlashDecode:
         # A page's row from a key index: one multiply-shift instead of a division per row.
         pages = cute.FastDivmodDivisorV2(k_cache.shape[1]) if spec.paged else None
         self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
-                    SharedStorage, group, pages).launch(
+                    SharedStorage, group, pages, kv_tma).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
             block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
                mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, group: cutlass.Int32,
-               pages: cute.FastDivmodDivisorV2 | None):
+               pages: cute.FastDivmodDivisorV2 | None, kv_tma: tuple | None):
         D, spec = self.head_dim, self.spec
         B_n, kpw = self.block_n, spec.keys_per_warp
         if cutlass.const_expr(self.pdl):
@@ -156,22 +172,40 @@ class FlashDecode:
             cache_row = t.cache_batch_idx[batch]
         where = (batch, cache_row, head_kv, group, pages)
         self._gather_q(thr_load, gmem_load, sQ, t, row0, rows, where)
-        # Where this thread's rows of the next block to load sit in the cache (``_locate``),
-        # found a block ahead so a page-table read never stalls the copies.
-        rows_per_thread = cute.size(thr_load.partition_D(sK[None, None, 0]), mode=[1])
-        located = (cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32),
-                   cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
-        for i in cutlass.range_constexpr(spec.kv_stages - 1):
-            if n_first + i < n_last:
-                self._locate(located, thr_load, t, n_first + i, seqlen_k, where)
-                self._load_block(located, thr_load, gmem_load, t, sK, sV, n_first + i, i,
-                                 seqlen_k, where)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        boxes = None
+        if cutlass.const_expr(self.tma):
+            boxes = BoxLoads(kv_tma, tuple(buf.get_tensor(kv_layout.outer,
+                                                          swizzle=tma_swizzle(D))
+                                           for buf in (storage.sK, storage.sV)),
+                             storage.bars.data_ptr(), spec.tma_rows, B_n, D,
+                             self.dtype.width // 8, pages)
+            decode_tma.init_barriers(boxes, spec.kv_stages, tidx)
+            cute.arch.sync_threads()
+            # The page of each box of the next block to issue (``decode_tma.locate``).
+            located = (cute.make_rmem_tensor((B_n // spec.tma_rows,), cutlass.Int32)
+                       if cutlass.const_expr(spec.paged) else None)
+            for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                self._issue_boxes(boxes, located, t, warp_idx, n_first + i, i, n_last,
+                                  (batch, head_kv, cache_row), seqlen_k, i == 0)
             cute.arch.cp_async_commit_group()
-        if n_first + spec.kv_stages - 1 < n_last:
-            self._locate(located, thr_load, t, n_first + spec.kv_stages - 1, seqlen_k, where)
+        else:
+            # Where this thread's rows of the next block to load sit in the cache
+            # (``_locate``), found a block ahead so a page-table read never stalls the copies.
+            rows_per_thread = cute.size(thr_load.partition_D(sK[None, None, 0]), mode=[1])
+            located = (cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32),
+                       cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
+            for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                if n_first + i < n_last:
+                    self._locate(located, thr_load, t, n_first + i, seqlen_k, where)
+                    self._load_block(located, thr_load, gmem_load, t, sK, sV, n_first + i, i,
+                                     seqlen_k, where)
+                cute.arch.cp_async_commit_group()
+            if n_first + spec.kv_stages - 1 < n_last:
+                self._locate(located, thr_load, t, n_first + spec.kv_stages - 1, seqlen_k,
+                             where)
 
         # ---- this warp's slice of every block: S = Q K^T, online softmax, O += P V ---------
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         thr_mma = mma.get_slice(lane)
         ldsm, ldsm_t = (cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=tr,
@@ -200,16 +234,29 @@ class FlashDecode:
         for n_block in cutlass.range(n_first, n_last, unroll=1):
             it = n_block - n_first
             stage = it % spec.kv_stages
-            cute.arch.cp_async_wait_group(spec.kv_stages - 2)
-            cute.arch.sync_threads()
-            # Every warp is past the block before: its stage takes the next one in.
             ahead = n_block + spec.kv_stages - 1
-            if ahead < n_last:
-                self._load_block(located, thr_load, gmem_load, t, sK, sV, ahead,
-                                 (it + spec.kv_stages - 1) % spec.kv_stages, seqlen_k, where)
-            cute.arch.cp_async_commit_group()
-            if ahead + 1 < n_last:
-                self._locate(located, thr_load, t, ahead + 1, seqlen_k, where)
+            ahead_stage = (it + spec.kv_stages - 1) % spec.kv_stages
+            if cutlass.const_expr(self.tma):
+                # Q's copies (the first block only has any).
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()
+                # Every warp is past the block before: its stage takes the next one in.
+                self._issue_boxes(boxes, located, t, warp_idx, ahead, ahead_stage, n_last,
+                                  (batch, head_kv, cache_row), seqlen_k, False)
+                decode_tma.wait(boxes, it, stage, spec.kv_stages)
+                if (n_block + 1) * B_n > seqlen_k:
+                    self._zero_rows_past(thr_load, sV[None, None, stage], n_block, seqlen_k)
+                    cute.arch.sync_threads()
+            else:
+                cute.arch.cp_async_wait_group(spec.kv_stages - 2)
+                cute.arch.sync_threads()
+                # Every warp is past the block before: its stage takes the next one in.
+                if ahead < n_last:
+                    self._load_block(located, thr_load, gmem_load, t, sK, sV, ahead,
+                                     ahead_stage, seqlen_k, where)
+                cute.arch.cp_async_commit_group()
+                if ahead + 1 < n_last:
+                    self._locate(located, thr_load, t, ahead + 1, seqlen_k, where)
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_ROWS, kpw)),
                                           cutlass.Float32)
@@ -298,6 +345,33 @@ class FlashDecode:
                                                                base.layout), dst, coord, m)
                 else:
                     dst[None, m, None].fill(0)
+
+    @cute.jit
+    def _issue_boxes(self, boxes: BoxLoads, located, t: DecodeArgs, warp_idx, n_block, stage,
+                     n_last, where: tuple, seqlen_k, first: cutlass.Constexpr):
+        """Warp 0 issues block ``n_block`` (if in the walk) into ``stage`` and, paged, looks
+        up the next block's pages (a contiguous cache's boxes need no lookup); ``located``
+        holds ``n_block``'s pages already, but for the walk's ``first`` block."""
+        batch, head_kv, cache_row = where
+        if warp_idx == 0:
+            if n_block < n_last:
+                if cutlass.const_expr(self.spec.paged and first):
+                    decode_tma.locate(boxes, located, t.block_table, batch, n_block, seqlen_k)
+                decode_tma.issue(boxes, located, n_block, stage, head_kv, cache_row, seqlen_k)
+                if cutlass.const_expr(self.spec.paged):
+                    if n_block + 1 < n_last:
+                        decode_tma.locate(boxes, located, t.block_table, batch, n_block + 1,
+                                        seqlen_k)
+
+    @cute.jit
+    def _zero_rows_past(self, thr_load, smem: cute.Tensor, n_block, seqlen_k):
+        """Zeros in this thread's rows of block ``n_block``'s tile ``smem`` past the sequence
+        (what a TMA box brought there is masked in S, but 0 x NaN in P V would not be)."""
+        coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
+        dst = thr_load.partition_D(smem)
+        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            if n_block * self.block_n + coord[0, m, 0][0] >= seqlen_k:
+                dst[None, m, None].fill(0)
 
     @cute.jit
     def _gather_q(self, thr_load, gmem_load: cute.TiledCopy, sQ: cute.Tensor,
