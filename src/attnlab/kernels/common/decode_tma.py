@@ -16,8 +16,8 @@ barrier, and the four warps only wait for it:
 Boxes wholly past the sequence are not issued (a paged sequence has no page there) and the
 barrier expects only the bytes issued. What a box holds past the sequence (the rest of a
 contiguous cache's row, stale rows of an earlier block in a skipped box) is masked in S, and
-the consumers zero it in V (``zero_tail``): a masked key's P is 0, and 0 times a NaN in
-unused cache memory would not be.
+the consumers zero it in V (``FlashDecode._zero_rows_past``): a masked key's P is 0, and
+0 times a NaN in unused cache memory would not be.
 """
 
 import cutlass
