@@ -172,9 +172,9 @@ class FlashDecode:
             cache_row = t.cache_batch_idx[batch]
         where = (batch, cache_row, head_kv, group, pages)
         self._gather_q(thr_load, gmem_load, sQ, t, row0, rows, where)
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         boxes = None
         if cutlass.const_expr(self.tma):
+            issuer = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             boxes = BoxLoads(kv_tma, tuple(buf.get_tensor(kv_layout.outer,
                                                           swizzle=tma_swizzle(D))
                                            for buf in (storage.sK, storage.sV)),
@@ -186,7 +186,7 @@ class FlashDecode:
             located = (cute.make_rmem_tensor((B_n // spec.tma_rows,), cutlass.Int32)
                        if cutlass.const_expr(spec.paged) else None)
             for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                self._issue_boxes(boxes, located, t, warp_idx, n_first + i, i, n_last,
+                self._issue_boxes(boxes, located, t, issuer, n_first + i, i, n_last,
                                   (batch, head_kv, cache_row), seqlen_k, i == 0)
             cute.arch.cp_async_commit_group()
         else:
@@ -206,6 +206,7 @@ class FlashDecode:
                              where)
 
         # ---- this warp's slice of every block: S = Q K^T, online softmax, O += P V ---------
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         thr_mma = mma.get_slice(lane)
         ldsm, ldsm_t = (cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=tr,
@@ -234,14 +235,13 @@ class FlashDecode:
         for n_block in cutlass.range(n_first, n_last, unroll=1):
             it = n_block - n_first
             stage = it % spec.kv_stages
-            ahead = n_block + spec.kv_stages - 1
-            ahead_stage = (it + spec.kv_stages - 1) % spec.kv_stages
             if cutlass.const_expr(self.tma):
                 # Q's copies (the first block only has any).
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.sync_threads()
                 # Every warp is past the block before: its stage takes the next one in.
-                self._issue_boxes(boxes, located, t, warp_idx, ahead, ahead_stage, n_last,
+                self._issue_boxes(boxes, located, t, warp_idx, n_block + spec.kv_stages - 1,
+                                  (it + spec.kv_stages - 1) % spec.kv_stages, n_last,
                                   (batch, head_kv, cache_row), seqlen_k, False)
                 decode_tma.wait(boxes, it, stage, spec.kv_stages)
                 if (n_block + 1) * B_n > seqlen_k:
@@ -251,9 +251,11 @@ class FlashDecode:
                 cute.arch.cp_async_wait_group(spec.kv_stages - 2)
                 cute.arch.sync_threads()
                 # Every warp is past the block before: its stage takes the next one in.
+                ahead = n_block + spec.kv_stages - 1
                 if ahead < n_last:
                     self._load_block(located, thr_load, gmem_load, t, sK, sV, ahead,
-                                     ahead_stage, seqlen_k, where)
+                                     (it + spec.kv_stages - 1) % spec.kv_stages, seqlen_k,
+                                     where)
                 cute.arch.cp_async_commit_group()
                 if ahead + 1 < n_last:
                     self._locate(located, thr_load, t, ahead + 1, seqlen_k, where)
