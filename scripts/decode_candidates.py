@@ -132,11 +132,11 @@ def main() -> None:
                 layout = "paged" if paged else "contiguous"
                 splits = auto_for[paged]
                 merge = "serial" if serial_merge(splits, blocks) else "kernel"
-                rows_for = {"gathers": 0, "tma": tma_rows(
+                box_rows = {"gathers": 0, "tma": tma_rows(
                     info.arch, kpw * DECODE_WARPS, PAGE_SIZE if paged else None, enabled=True)}
-                for how, rows in rows_for.items():
+                for how, n in box_rows.items():
                     variants[f"{layout} {how}"] = runner(point, sets, paged, splits, stages,
-                                                         kpw, merge, rows)
+                                                         kpw, merge, n)
         if not (args.combine or args.paged or args.merge or args.tma):
             # The default tile at the chosen split count and at a half, a quarter and an
             # eighth of it, each merged as ``attention_with_kvcache`` would merge it.

@@ -23,7 +23,8 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES),
                         help="split modes weighed (the first also unsplit)")
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
-    parser.add_argument("--tiles", default=",".join(f"{m}x{n}" for m, n in TILES))
+    parser.add_argument("--tiles", default=",".join(f"{m}x{n}" for m, n in TILES),
+                        help="BMxBN or BMxBNxBK tiles, comma-separated")
     parser.add_argument("--splits", default="1,2,4,8,16")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))

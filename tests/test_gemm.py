@@ -61,8 +61,22 @@ def test_dispatch_weighs_host_and_device_time():
         p = plan(m, m, 8192, 132)
         assert (p.splits, p.config.split_mode, p.config.block_m) == (splits, "cluster", 64)
         assert p.num_ctas == (m // 64) ** 2 * splits
-    assert plan(1, 4096, 4096, 132).config.block_m == 64
-    assert plan(512, 512, 4096, 132).splits == 1
+    skinniest = plan(512, 512, 4096, 132)
+    assert skinniest.splits == 1 and skinniest.config.block_k == 128
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_decoding_sized_gemms_split_where_their_ctas_stream_b(m):
+    """Up to 64 rows a GEMM is one row of tiles, bound by how fast each CTA streams its part
+    of B from DRAM: 64 CTAs of 64 x 64 at 4096 x 4096 gain from a cluster of two slices
+    (measured, docs/gemm.md); 112 CTAs of 64 x 128 at 14336 x 4096 fill the GPU unsplit."""
+    half_wave = plan(m, 4096, 4096, 132)
+    assert (half_wave.config.block_m, half_wave.config.block_n, half_wave.config.block_k,
+            half_wave.splits, half_wave.split) == (64, 64, 128, 2, "cluster")
+    full = plan(m, 14336, 4096, 132)
+    assert (full.config.block_m, full.config.block_n, full.splits) == (64, 128, 1)
+    # Two rows of tiles re-read B from L2: the model's step costs again (no split).
+    assert plan(128, 4096, 4096, 132).splits == 1
 
 
 @pytest.mark.parametrize("k,splits", [(640, 6), (64, 16), (4096, 7), (72, 3)])

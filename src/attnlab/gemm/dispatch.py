@@ -3,23 +3,28 @@
 The lab's dispatcher was a threshold on M x N (split-K below 1024^2 cells, 8 or 4 slices by
 K). Here the decision comes from what a call costs end to end, as an eager caller sees it: the
 later of its host side (``HOST_US``: one launch, or split-K's launches and workspace) and its
-device side. The device side counts K-tile steps of one CTA (a 128 x 256 step is 1, smaller
-tiles cost ``STEP_FIXED + (1 - STEP_FIXED) x`` their share of its area: they are bound by
-loads, not MMAs):
+device side. The device side counts K-tile steps of one CTA (a 128 x 256 x 64 step is 1,
+smaller tiles cost ``STEP_FIXED + (1 - STEP_FIXED) x`` their share of its area: they are bound
+by loads, not MMAs; a deeper step counts as the 64-deep steps it replaces):
 
-    device = waves(tiles x splits) x ceil(k_tiles / splits) x step x STEP_US
+    device = max(waves(tiles x splits) x ceil(k_tiles / splits) x step x STEP_US,
+                 waves x B's bytes per CTA / STREAM_BYTES_PER_US  (M <= STREAM_ROWS only))
              + SPLIT_US x (1 + splits) (if split: the slices' meeting, each slice's partial
                read back by the last; a cluster: CLUSTER_US + CLUSTER_CTA_US x CTAs x
                the tile's area in 64 x 64 blocks, and clusters of 8 fill 7/8 of the SMs)
 
-Candidates: the 128 x 256, 128 x 128, 64 x 128 and 64 x 64 tiles unsplit, and the three
-smaller ones (a caller's up to 160 columns wide) with every split count, serial or through a
-workspace, when their tiles do not fill the GPU, and the 64-row ones with every split count
-a cluster can hold, meeting in it (one launch like an unsplit call's, nothing allocated).
-The cheapest wins (then the shorter device time, the larger tile, the fewer slices). A split
-pays where the unsplit device time is above the host's: in the lab's skinny set at long K
-(four slices of 64 x 64 in clusters at 256 x 256 x 8192, eight at 128 x 128 x 8192,
-``docs/gemm.md``); 512 x 512 x 4096 and the decode-sized shapes run unsplit.
+The second term is the decoding-sized GEMM's: with one row of tiles each CTA streams its
+columns of B from DRAM once, at a rate per CTA the step count does not see.
+
+Candidates: the 128 x 256, 128 x 128, 64 x 128 and 64 x 64 (128 deep) tiles unsplit, and the
+three smaller ones (a caller's up to 160 columns wide) with every split count, serial or
+through a workspace, when their tiles do not fill the GPU, and the 64-row ones with every
+split count a cluster can hold, meeting in it (one launch like an unsplit call's, nothing
+allocated); up to ``STREAM_ROWS`` rows the cluster only. The cheapest wins (then the shorter
+device time, the less MMA work, the larger tile, the fewer slices). A split pays where the
+unsplit device time is above the host's: in the lab's skinny set at long K (four slices of
+64 x 64 in clusters at 256 x 256 x 8192, eight at 128 x 128 x 8192, ``docs/gemm.md``) and at
+decoding's 1-64 x 4096 x 4096 (two slices); 512 x 512 x 4096 runs unsplit.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from attnlab.config import SMEM_CAPACITY
-from attnlab.gemm_config import BARRIER_BYTES, GemmConfig
+from attnlab.gemm_config import BARRIER_BYTES, GemmConfig, element_bytes
 
 #: Split counts the model considers.
 SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -64,8 +69,21 @@ MIN_STAGES = 3
 MIN_K_TILES_PER_SPLIT = 2
 #: The split modes the model weighs (atomic's zeroed accumulator costs the most host time).
 SPLIT_MODES_WEIGHED = ("serial", "workspace", "cluster")
-#: The tiles the model weighs, (block_m, block_n), largest first.
-TILES = ((128, 256), (128, 128), (64, 128), (64, 64))
+#: The tiles the model weighs, (block_m, block_n) or with a third the tile's own K step
+#: (``block_k``), largest first. The 64 x 64 tile steps 128 deep: half the steps' barriers
+#: and waits per K (thirty-seventh session, H100, device only: 512 x 512 x 4096 unsplit
+#: 14.4 -> 13.1 us, 256 x 256 x 8192 in clusters of four 11.7 -> 11.1 us, 256 x 256 x 4096
+#: 9.5 -> 9.3 us).
+TILES: tuple[tuple[int, ...], ...] = ((128, 256), (128, 128), (64, 128), (64, 64, 128))
+#: Bytes a microsecond one CTA streams from DRAM where a GEMM has one row of tiles (M up to
+#: a tile's height: decoding's projections), whatever its tile: an H100, thirty-seventh
+#: session, 1 x 4096 x 4096 on 64 CTAs of 64 x 64 (512 KB each, 22.8-23.2 us) and 1 x 14336
+#: x 4096 on 112 of 64 x 128 (1 MB each, 47 us).
+STREAM_BYTES_PER_US = 22_500
+#: Rows up to which a GEMM is one row of every tile the model weighs. There the model weighs
+#: only the cluster split: its slices met faster than the serial split's at 1 and 16 x 4096 x
+#: 4096 (two slices, both H100 runs of the thirty-seventh session, 0.5-1.6 us device only).
+STREAM_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -93,13 +111,22 @@ def step_cost(config: GemmConfig) -> float:
     return STEP_FIXED + (1 - STEP_FIXED) * config.block_m * config.block_n / (128 * 256)
 
 
+def depth_scale(config: GemmConfig, block_k: int) -> float:
+    """What one of ``config``'s K steps costs against a ``block_k``-deep step of its tile,
+    as the model counts it: the steps it replaces (the model's costs were fitted on
+    ``block_k``-deep steps; the deeper step's measured gain, ``TILES``, is not credited)."""
+    return config.block_k / block_k
+
+
 def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
               multiprocessors: int, step_scale: float = 1.0,
-              cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> float:
+              cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US),
+              in_bytes: int = 2, stream: bool = True) -> float:
     """The model's device time of ``config`` with ``splits`` slices (module docstring), its
     steps ``step_scale`` times a GEMM's (the convolution's im2col loads are slower);
     ``cluster_us``: a cluster split's fixed and per-CTA costs (``CLUSTER_US``,
-    ``CLUSTER_CTA_US``)."""
+    ``CLUSTER_CTA_US``); ``in_bytes``: bytes of an operand's element; ``stream``: at most
+    ``STREAM_ROWS`` rows, no faster than each CTA streams its part of B."""
     tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
     k_tiles = math.ceil(k / config.block_k)
     clustered = splits > 1 and config.split_mode == "cluster"
@@ -112,17 +139,22 @@ def device_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
         meeting = fixed + per_cta * area * tiles * splits
     elif splits > 1:
         meeting = SPLIT_US * (1 + splits)
-    return (waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US * step_scale
-            + meeting)
+    steps = waves * math.ceil(k_tiles / splits) * step_cost(config) * STEP_US * step_scale
+    if stream and m <= STREAM_ROWS:
+        # One row of tiles: every byte of B comes from DRAM once, at a CTA's streaming rate.
+        bytes_per_cta = math.ceil(k / splits) * config.block_n * in_bytes
+        steps = max(steps, waves * bytes_per_cta / STREAM_BYTES_PER_US)
+    return steps + meeting
 
 
 def end_to_end_us(config: GemmConfig, splits: int, m: int, n: int, k: int,
                   multiprocessors: int, step_scale: float = 1.0,
-                  cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> float:
+                  cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US),
+                  in_bytes: int = 2) -> float:
     """The later of the call's host and device sides."""
     host = HOST_US["none" if splits == 1 else config.split_mode]
     return max(host, device_us(config, splits, m, n, k, multiprocessors, step_scale,
-                               cluster_us))
+                               cluster_us, in_bytes))
 
 
 def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
@@ -134,29 +166,32 @@ def deep_enough(config: GemmConfig, in_dtype: str, out_dtype: str) -> bool:
 
 def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None,
                block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-               out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
+               out_dtype: str = "bfloat16", tiles: tuple[tuple[int, ...], ...] = TILES,
                split_counts: tuple[int, ...] = SPLIT_CANDIDATES,
                split_modes: tuple[str, ...] = SPLIT_MODES_WEIGHED
                ) -> list[tuple[GemmConfig, int]]:
     """``(config, splits)`` pairs the model weighs: the caller's config with every split
-    count of ``split_counts``, or every tile of ``tiles`` with K step ``block_k`` that is
-    ``deep_enough`` for its dtypes (module docstring), split in each of ``split_modes``
-    (a cluster only where its tile shares out among the slices); one slice only without
-    ``allow_split``."""
-    k_tiles = math.ceil(k / (config.block_k if config else block_k))
-    counts = [s for s in split_counts
-              if s == 1 or (allow_split and k_tiles >= s * MIN_K_TILES_PER_SPLIT)]
+    count of ``split_counts``, or every tile of ``tiles`` with K step ``block_k`` (or the
+    tile's own) that is ``deep_enough`` for its dtypes (module docstring), split in each of
+    ``split_modes`` (a cluster only where its tile shares out among the slices); one slice
+    only without ``allow_split``."""
+
+    def counts(step: int) -> list[int]:
+        k_tiles = math.ceil(k / step)
+        return [s for s in split_counts
+                if s == 1 or (allow_split and k_tiles >= s * MIN_K_TILES_PER_SPLIT)]
+
     if config is not None:
-        return [(config, s) for s in counts]
+        return [(config, s) for s in counts(config.block_k)]
     pairs = []
-    for block_m, block_n in tiles:
-        cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k)
+    for block_m, block_n, *own_k in tiles:
+        cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=own_k[0] if own_k else block_k)
         if not deep_enough(cfg, in_dtype, out_dtype):
             continue
         pairs.append((cfg, 1))
-        tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
-        if block_n <= 160 and tiles < multiprocessors:
-            pairs += [(cfg.replace(split_mode=mode), s) for s in counts if s > 1
+        tiles_mn = math.ceil(m / block_m) * math.ceil(n / block_n)
+        if block_n <= 160 and tiles_mn < multiprocessors:
+            pairs += [(cfg.replace(split_mode=mode), s) for s in counts(cfg.block_k) if s > 1
                       for mode in split_modes
                       if cfg.can_split(s, mode)
                       and (mode != "cluster" or block_m == CLUSTER_BLOCK_M)]
@@ -165,30 +200,34 @@ def candidates(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig 
 
 def plan(m: int, n: int, k: int, multiprocessors: int, config: GemmConfig | None = None,
          *, block_k: int = 64, allow_split: bool = True, in_dtype: str = "bfloat16",
-         out_dtype: str = "bfloat16", tiles: tuple[tuple[int, int], ...] = TILES,
+         out_dtype: str = "bfloat16", tiles: tuple[tuple[int, ...], ...] = TILES,
          step_scale: float = 1.0, split_counts: tuple[int, ...] = SPLIT_CANDIDATES,
          split_modes: tuple[str, ...] = SPLIT_MODES_WEIGHED,
          cluster_us: tuple[float, float] = (CLUSTER_US, CLUSTER_CTA_US)) -> Plan:
     """The plan of an ``m x n x k`` GEMM on a GPU of ``multiprocessors`` SMs. ``config``:
     the caller's (its ``split_k`` 0 means "choose the split"), else the model's tile with K
-    step ``block_k`` for ``in_dtype`` operands and an ``out_dtype`` C; ``allow_split=False``:
-    one slice (INT8, whose int32 sums the split-K paths do not carry). ``tiles``: the
-    (block_m, block_n) tiles weighed, largest first; ``step_scale`` and ``split_counts``: a
-    caller whose K steps cost more (the convolution) and the split counts and modes it
-    weighs, and its clusters' costs (``device_us``)."""
+    step ``block_k`` (or the tile's own) for ``in_dtype`` operands and an ``out_dtype`` C;
+    ``allow_split=False``: one slice (INT8, whose int32 sums the split-K paths do not carry).
+    ``tiles``: the (block_m, block_n[, block_k]) tiles weighed, largest first;
+    ``step_scale`` and ``split_counts``: a caller whose K steps cost more (the convolution)
+    and the split counts and modes it weighs, and its clusters' costs (``device_us``)."""
     if config is not None and (config.split_k or not allow_split):
         cfg, splits = config, config.split_k if allow_split else 1
     else:
+        if m <= STREAM_ROWS and "cluster" in split_modes:
+            split_modes = ("cluster",)
         pairs = candidates(m, n, k, multiprocessors, config, block_k, allow_split, in_dtype,
                            out_dtype, tiles, split_counts, split_modes)
-        order = {tile: i for i, tile in enumerate(tiles)}
+        order = {tuple(tile[:2]): i for i, tile in enumerate(tiles)}
+        in_bytes = element_bytes(in_dtype)
 
         def rank(pair: tuple[GemmConfig, int]) -> tuple:
             cfg, s = pair
-            return (round(end_to_end_us(cfg, s, m, n, k, multiprocessors, step_scale,
-                                        cluster_us), 1),
-                    round(device_us(cfg, s, m, n, k, multiprocessors, step_scale,
-                                    cluster_us), 1),
+            scale = step_scale * depth_scale(cfg, block_k)
+            costs = (cfg, s, m, n, k, multiprocessors, scale, cluster_us, in_bytes)
+            # Streaming-bound plans tie on time: the one with less MMA work goes first.
+            return (round(end_to_end_us(*costs), 1), round(device_us(*costs), 1),
+                    round(device_us(*costs, stream=False), 1),
                     order.get((cfg.block_m, cfg.block_n), 0), s)
 
         cfg, splits = min(pairs, key=rank)
@@ -219,15 +258,16 @@ def default_specs(arch: str) -> list:
     if arch != "sm_90a":
         return []
     specs: list = []
-    for block_m, block_n in TILES:
-        cfg = binary_config(GemmConfig(block_m=block_m, block_n=block_n))
+    for block_m, block_n, *own_k in TILES:
+        tile = GemmConfig(block_m, block_n, *own_k)
+        cfg = binary_config(tile)
         specs += [GemmSpec(cfg, arch, dtype, dtype, "k", b_major)
                   for dtype in ("bfloat16", "float16") for b_major in ("n", "k")]
         if block_n <= 128:
             specs += [GemmSpec(cfg, arch, "bfloat16", "float32" if split == "workspace"
                                else "bfloat16", "k", "k", split)
                       for split in ("workspace", "serial")]
-            clustered = GemmConfig(block_m=block_m, block_n=block_n, split_mode="cluster")
+            clustered = tile.replace(split_mode="cluster")
             specs += [GemmSpec(clustered.replace(split_k=s), arch, "bfloat16", "bfloat16", "k",
                                b_major, "cluster")
                       for s in SPLIT_CANDIDATES for b_major in ("n", "k")

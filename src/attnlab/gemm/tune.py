@@ -40,7 +40,7 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
     first = plan(m, n, k, multiprocessors, block_k=block_k, allow_split=not int8,
                  in_dtype=dtype, out_dtype=out_dtype).config
     space = [first]
-    for block_m, block_n in TILES:
+    for block_m, block_n, *_ in TILES:
         for stages in (0, 3, 4):
             for group in (1, 8):
                 try:
@@ -66,16 +66,17 @@ def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloa
     return [cfg for cfg in space if cfg.stages <= MAX_STAGES]
 
 
-def split_configs(tiles: tuple[tuple[int, int], ...], counts: tuple[int, ...],
+def split_configs(tiles: tuple[tuple[int, ...], ...], counts: tuple[int, ...],
                   modes: tuple[str, ...]) -> dict[str, GemmConfig]:
     """Named candidates for a sweep (``scripts/gemm_candidates.py``, ``conv_candidates.py``):
-    each tile of ``tiles`` unsplit (``"64x64 s1"``) and with each count of ``counts`` in each
-    of ``modes`` where the tile can meet so (``"64x64 s4 c"``: the mode's initial)."""
-    return {f"{bm}x{bn} s{s}" + ("" if s == 1 else f" {mode[0]}"):
-            GemmConfig(block_m=bm, block_n=bn, split_k=s, split_mode=mode)
-            for bm, bn in tiles for s in counts for mode in modes
-            if (s == 1 and mode == modes[0]) or (s > 1 and GemmConfig(
-                block_m=bm, block_n=bn).can_split(s, mode))}
+    each tile of ``tiles`` (``(block_m, block_n)``, or with a third ``block_k``) unsplit
+    (``"64x64 s1"``, ``"64x32x128 s1"``) and with each count of ``counts`` in each of
+    ``modes`` where the tile can meet so (``"64x64 s4 c"``: the mode's initial)."""
+    named = {"x".join(map(str, tile)): GemmConfig(*tile) for tile in tiles}
+    return {f"{name} s{s}" + ("" if s == 1 else f" {mode[0]}"):
+            tile.replace(split_k=s, split_mode=mode)
+            for name, tile in named.items() for s in counts for mode in modes
+            if (s == 1 and mode == modes[0]) or (s > 1 and tile.can_split(s, mode))}
 
 
 def best_of(timings: dict[GemmConfig, float]) -> GemmConfig:
