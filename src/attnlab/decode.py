@@ -63,8 +63,9 @@ UNSPLIT_HALF_WAVE_BLOCKS = 32
 #: partial and its share of the merge costing about as much as a block's load.
 MIN_SPLIT_BLOCKS = 2
 #: K/V by the TMA unit on sm_90a (``kernels/common/decode_tma.py``), where the cache's pages
-#: allow (``tma_rows``). Off until measured against the ``cp.async`` gathers
-#: (``scripts/decode_candidates.py --tma``; thirty-sixth session, docs/decode.md).
+#: allow (``tma_rows``). Off: against the ``cp.async`` gathers the boxes read a contiguous
+#: cache 2-9 % slower and a paged one within -2 to +0.4 % (H100, thirty-seventh session,
+#: ``scripts/decode_candidates.py --tma``, docs/decode.md).
 TMA_KV_LOADS = False
 
 _calls: dict[tuple, _DecodeCall] = {}

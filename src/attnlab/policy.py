@@ -155,7 +155,9 @@ VERY_LONG_MASKED_SEQLEN = 8192
 #: (389 -> 402), fp16 355 -> 368 (381 -> 392); again 359 -> 379, 352 -> 366. The bucket's
 #: other lengths lose: 1536 B=8 bf16 350 -> 342 (371 -> 365), fp16 342 -> 335 (-2 %). Not from
 #: 3k: 3k B=4 bf16 430 -> 406 (-5.6 %), fp16 412 -> 391, though the host's balance model reads
-#: that walk as even (1.03); 4k B=3 +1.6 % (bf16 426 -> 433, fp16 416 -> 423).
+#: that walk as even (1.03); 4k B=3 +1.6 % (bf16 426 -> 433, fp16 416 -> 423). Swept again at
+#: 1280-4096 (thirty-seventh session, docs/ladder.md): neither a partial last row block nor
+#: the balance model separates the lengths where the static walk wins.
 _MID_MASKED_TILES: dict[int, dict[str, object]] = {64: {"dynamic_tiles": False}}
 MID_MASKED_SEQLEN = 2048
 MAX_IMBALANCE = 1.05
