@@ -306,6 +306,8 @@ def test_tune_space_starts_with_the_model_and_fits():
     for cfg in space:
         cfg.ring_stages("sm_90a", "float32" if cfg.split_k > 1 else "bfloat16")
     assert any(cfg.split_k > 1 and cfg.split_mode == "serial" for cfg in space)
+    # The 64 x 64 tile at both K steps: the model's 128 and the 16-bit default's 64.
+    assert {cfg.block_k for cfg in space if (cfg.block_m, cfg.block_n) == (64, 64)} == {64, 128}
     square = gemm_space(8192, 8192, 8192, 132)
     assert all(cfg.split_k == 1 for cfg in square)  # 2048 tiles fill the GPU
     assert all(cfg.block_k == 128 for cfg in gemm_space(4096, 4096, 4096, 132, "int8"))

@@ -32,38 +32,44 @@ def gemm_key(gpu: DeviceInfo, dtype: str, out_dtype: str, m: int, n: int, k: int
 def gemm_space(m: int, n: int, k: int, multiprocessors: int, dtype: str = "bfloat16",
                out_dtype: str = "bfloat16") -> list[GemmConfig]:
     """Candidates for an ``m x n x k`` GEMM: the dispatch model's choice first, then every
-    tile x ring depth (as many as fit, or 3 / 4) x raster order (1, 8), and for tiles that
-    leave SMs idle the ``SPLITS`` in the three split modes (a cluster where the tile
-    shares out)."""
+    tile (at the 16-bit K step of 64 and at the tile's own, ``dispatch.TILES``) x ring depth
+    (as many as fit, or 3 / 4) x raster order (1, 8), and for tiles that leave SMs idle the
+    ``SPLITS`` in the three split modes (a cluster where the tile shares out)."""
     int8 = dtype == "int8"
     block_k = 128 if int8 else 64
     first = plan(m, n, k, multiprocessors, block_k=block_k, allow_split=not int8,
                  in_dtype=dtype, out_dtype=out_dtype).config
     space = [first]
-    for block_m, block_n, *_ in TILES:
-        for stages in (0, 3, 4):
-            for group in (1, 8):
-                try:
-                    cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
-                                     stages=stages, raster_group=group, split_k=1)
-                    cfg.ring_stages("sm_90a", out_dtype, dtype)
-                except ConfigError:
-                    continue
-                if deep_enough(cfg, dtype, out_dtype) and cfg not in space:
-                    space.append(cfg)
-        tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
-        if int8 or block_n > 128 or tiles >= multiprocessors:
-            continue
-        for splits in SPLITS:
-            if math.ceil(k / block_k) >= 2 * splits:
-                for mode in ("workspace", "serial", "cluster"):
-                    if not GemmConfig(block_m=block_m, block_n=block_n).can_split(splits, mode):
-                        continue
-                    cfg = GemmConfig(block_m=block_m, block_n=block_n, block_k=block_k,
-                                     split_k=splits, split_mode=mode)
-                    if cfg not in space:
-                        space.append(cfg)
+    for block_m, block_n, *own_k in TILES:
+        for depth in sorted({block_k, *([] if int8 else own_k)}):
+            space += [cfg for cfg in _tile_space(m, n, k, multiprocessors, dtype, out_dtype,
+                                                 GemmConfig(block_m, block_n, depth))
+                      if cfg not in space]
     return [cfg for cfg in space if cfg.stages <= MAX_STAGES]
+
+
+def _tile_space(m: int, n: int, k: int, multiprocessors: int, dtype: str, out_dtype: str,
+                tile: GemmConfig) -> list[GemmConfig]:
+    """``gemm_space``'s candidates of one tile and K step."""
+    space = []
+    for stages in (0, 3, 4):
+        for group in (1, 8):
+            try:
+                cfg = tile.replace(stages=stages, raster_group=group, split_k=1)
+                cfg.ring_stages("sm_90a", out_dtype, dtype)
+            except ConfigError:
+                continue
+            if deep_enough(cfg, dtype, out_dtype) and cfg not in space:
+                space.append(cfg)
+    tiles = math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)
+    if dtype == "int8" or tile.block_n > 128 or tiles >= multiprocessors:
+        return space
+    for splits in SPLITS:
+        if math.ceil(k / tile.block_k) >= 2 * splits:
+            space += [tile.replace(split_k=splits, split_mode=mode)
+                      for mode in ("workspace", "serial", "cluster")
+                      if tile.can_split(splits, mode)]
+    return space
 
 
 def split_configs(tiles: tuple[tuple[int, ...], ...], counts: tuple[int, ...],
