@@ -14,6 +14,9 @@
 #   masked   hd64 causal, the static walk against the counter by length (1280-4096 at 12k
 #            tokens, bf16 and fp16): the static walk won at 2048 and 4096, lost at 1536 and
 #            3072 (thirty-sixth session); which lengths take which (scripts/sm90_candidates.py)
+#   lateo    the epilogue's addresses built after the K/V loop (late_o_addresses) against
+#            the default: hd64 plain and causal 8k/16k, hd128 causal 8k/16k, hd32 4k, bf16
+#            and fp16 (scripts/sm90_candidates.py)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -115,6 +118,17 @@ case $mode in
       --seqlen 1280,1536,1792,2048,2560,3072,3584,4096 --dtypes bfloat16,float16 --runs 15 \
       --variants long_masked_tile_static,dynamic --out "$OUT/masked-hd64" 2>&1 \
       | grep -v Warning | tee -a "$log"
+    ;;
+  lateo)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_features_gpu.py -k late_o 2>&1 \
+      | tee -a "$log" | tail -3
+    for args in "64 plain,causal 8192,16384 late_o,late_o_rescale_after" \
+                "128 causal 8192,16384 late_o" "32 plain,causal 4096 late_o"; do
+      set -- $args
+      python3 scripts/sm90_candidates.py --head-dims "$1" --masks "$2" --seqlen "$3" \
+        --dtypes bfloat16,float16 --variants "$4" --runs 15 --out "$OUT/lateo-$1" 2>&1 \
+        | grep -v Warning | tee -a "$log"
+    done
     ;;
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \

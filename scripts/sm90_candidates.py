@@ -110,6 +110,13 @@ VARIANTS[128].update(per_head_persistent={**_PERSISTENT, **_PER_HEAD},
                      per_head_dynamic={**_DYNAMIC, **_PER_HEAD})
 
 
+#: The epilogue's addresses built after the K/V loop (thirty-seventh session): in the CPU
+#: build the wait for the previous P V moved from before the first exponential to after 11
+#: at hd64 causal and hd32 causal, and at hd64 plain with O rescaled after P V.
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim]["late_o"] = {"late_o_addresses": True}
+VARIANTS[64]["late_o_rescale_after"] = {"late_o_addresses": True, "rescale_o_before_pv": False}
+
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
 MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
                "one_cta_bc128", "bc128",

@@ -198,20 +198,24 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     barriers, the persistent grid no MMA, dropping the turns again only their barriers (and
     moving O's rescale ahead of P V no MMA either), the third consumer warpgroup only its own
     64-row atom (HGMMA per warpgroup unchanged) and 128 threads (the rescale moved there too,
-    the hd64 default)."""
+    the hd64 default until the epilogue's addresses moved after the loop)."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     assert ladder.named_for("sm_80", 64, "sm90") == {}
     assert rows["wg_free"] == policy.default_for("sm_90a", 128)
     assert rows["wg_persistent"] == policy.default_for("sm_90a", 128, windowed=True)
-    assert rows["wg_tall_rescale_first"] == policy.default_for("sm_90a", 64)
-    ops = {}
+    assert rows["wg_tall_late_o"] == policy.default_for("sm_90a", 64)
+    ops, exps_first = {}, {}
     for name, cfg in rows.items():
         art = compile_config(cfg, "sm_90a", head_dim=64, out_dir=artifact_dir)
         sass_text = disassemble(art.cubin)
         assert not read_resources(art.cubin, sass_text).spills, name
         ops[name] = histogram(parse(sass_text))
+        exps_first[name] = _exps_before_pv_wait(sass_text)
+    # The epilogue's addresses built after the loop: ptxas waits for the previous block's
+    # P V after some of this block's exponentials, not before the first.
+    assert max(exps_first["wg_tall"]) == 0 < min(exps_first["wg_tall_late_o"])
     gemms = 64 // 16 + 128 // 16
     assert ops["wgmma"]["HGMMA"] == ops["wg_ring3"]["HGMMA"] == 2 * gemms
     assert ops["wg_overlap"]["HGMMA"] == ops["wg_pingpong"]["HGMMA"] == 3 * gemms
@@ -223,6 +227,21 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
+
+
+def _exps_before_pv_wait(sass_text: str) -> list[int]:
+    """Per K/V loop body of the overlapped schedule (a wait for S, ``DEPBAR.LE gsb0, 0x1``,
+    then one for everything, ``0x0``), the MUFU.EX2 issued between the two."""
+    counts, count = [], None
+    for line in sass_text.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            count = 0
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and count is not None:
+            counts.append(count)
+            count = None
+        elif "MUFU.EX2" in line and count is not None:
+            count += 1
+    return counts
 
 
 def _ex2_runs_between_mmas(sass_text: str) -> int:
@@ -271,11 +290,13 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     ops = histogram(parse(sass_text))
     bodies = (3 if windowed else 2) + cfg.intra_wg_overlap
     # Turns between the warpgroups everywhere but hd128 unmasked and hd256 (measured faster
-    # without); O rescaled under the next S = Q K^T at hd256, hd64 and plain hd96.
+    # without); O rescaled under the next S = Q K^T at hd256, masked hd64 and plain hd96;
+    # plain hd64 rescales after P V, its epilogue's addresses built after the K/V loop.
     assert cfg.intra_wg_overlap
     assert cfg.pingpong == ((windowed or head_dim != 128) and head_dim != 256)
-    assert cfg.rescale_o_before_pv == (head_dim in (64, 256) or (head_dim, windowed) == (96,
-                                                                                        False))
+    assert cfg.rescale_o_before_pv == (head_dim == 256 or (head_dim, windowed) in (
+        (64, True), (96, False)))
+    assert cfg.late_o_addresses == ((head_dim, windowed) == (64, False))
     assert ops["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
     assert ops["HMMA"] == ops["LDSM"] == ops["LDGSTS"] == 0
     assert ops["UTMALDG"] > 0 and ops["UTMASTG"] > 0

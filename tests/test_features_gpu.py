@@ -635,6 +635,25 @@ def test_wgmma_rescale_o_before_pv(head_dim, window):
     check_varlen(window, torch.float16, config, head_dim)
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+def test_wgmma_late_o_addresses(head_dim, window):
+    """The epilogue's staging addresses built after the K/V loop (``late_o_addresses``), with
+    O rescaled before or after P V: tails, GQA, one block and many, packed sequences (whose
+    epilogue copies rows instead of one TMA store)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    base = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        late_o_addresses=True)
+    for rescale_first in (False, True):
+        config = base.replace(rescale_o_before_pv=rescale_first)
+        for seqlen_k in (40, 517):
+            q, k, v = dense_inputs(2, 333, seqlen_k, 8, 2, head_dim, torch.bfloat16,
+                                   seed=head_dim + seqlen_k + rescale_first)
+            check_dense(q, k, v, window=window, config=config)
+    check_varlen(window, torch.float16, base, head_dim)
+
+
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

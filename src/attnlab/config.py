@@ -151,6 +151,12 @@ class FlashConfig:
             previous block's O += P V is issued (FA3/FA4 do so at head dims above 128),
             instead of once that P V has completed, where the multiplies (D / 2 per thread and
             block) stand between the MMAs' completion and the next block.
+        late_o_addresses: (wgmma) build the epilogue's shared-memory addresses for staging O
+            after the K/V loop, from an opaque copy of the thread index, instead of letting
+            ptxas hoist them above it: at hd64 they held 16 of the three-warpgroup tile's 160
+            registers across the loop, and without them ptxas waits for the previous block's
+            P V after some of the softmax's exponentials instead of before the first
+            (docs/ladder.md, thirty-seventh session).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -194,6 +200,7 @@ class FlashConfig:
     pingpong: bool = False
     fence_p: bool = False
     rescale_o_before_pv: bool = False
+    late_o_addresses: bool = False
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
@@ -273,10 +280,10 @@ class FlashConfig:
         if self.wgmma:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
-              or self.rescale_o_before_pv or self.dynamic_tiles):
-            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv and "
-                              "dynamic_tiles schedule the warpgroup-MMA kernel: they need "
-                              "wgmma")
+              or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses):
+            raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
+                              "dynamic_tiles and late_o_addresses schedule the warpgroup-MMA "
+                              "kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -338,7 +345,8 @@ class FlashConfig:
             if self.fused_softmax:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
-                                        "rescale_o_before_pv", "persistent", "dynamic_tiles")
+                                        "rescale_o_before_pv", "late_o_addresses",
+                                        "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)

@@ -135,8 +135,9 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: persistent step, the warpgroups without their turns: the default at hd128 without a mask
 #: (thirty-third session; the turns paid on the one-CTA kernel, not on this one); then O
 #: rescaled under the next S = Q K^T, FA4's order above hd128: with no turns, hd256's
-#: schedule (thirty-fourth session; at hd128 it loses 1.5 %); and the same rescale on the
-#: three-warpgroup tile with its turns, the hd64 default.
+#: schedule (thirty-fourth session; at hd128 it loses 1.5 %); the same rescale on the
+#: three-warpgroup tile with its turns (the hd64 default until the thirty-seventh session);
+#: and instead of it the epilogue's addresses built after the K/V loop, the hd64 default.
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
 _PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
 _PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
@@ -150,6 +151,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_rescale_first": _PERSISTENT.replace(pingpong=False, rescale_o_before_pv=True),
     "wg_tall": _TALL,
     "wg_tall_rescale_first": _TALL.replace(rescale_o_before_pv=True),
+    "wg_tall_late_o": _TALL.replace(late_o_addresses=True),
 }
 #: The rows of each ``attnlab ladder --family``.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -166,7 +168,7 @@ BASES: dict[str, str] = {
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
     "wg_rescale_first": "wg_free", "wg_tall": "wg_persistent",
-    "wg_tall_rescale_first": "wg_tall",
+    "wg_tall_rescale_first": "wg_tall", "wg_tall_late_o": "wg_tall",
 }
 
 #: What each step adds, for tables and plots.
@@ -203,6 +205,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_rescale_first": "sm_90a: O rescaled under the next S = Q K^T",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
     "wg_tall_rescale_first": "sm_90a: B_r = 192, O rescaled under the next S = Q K^T",
+    "wg_tall_late_o": "sm_90a: B_r = 192, O's addresses built after the K/V loop",
 }
 
 

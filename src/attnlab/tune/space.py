@@ -13,12 +13,17 @@ WGMMA_BLOCK_N = (64, 80, 96, 128, 192)
 WGMMA_STAGES = (2, 3, 4)
 #: The consumer warpgroups' schedules: FA3's intra-warpgroup overlap and ping-pong, each on
 #: or off, and with the overlap O rescaled under the next S = Q K^T, with or without the
-#: turns (hd256's default without, hd64/hd96's with; thirty-fourth session).
+#: turns (hd256's default without, masked hd64's and plain hd96's with; thirty-fourth
+#: session), or rescaled after P V with the epilogue's addresses built after the loop (plain
+#: hd64's default; thirty-seventh session).
+_OVERLAP_ORDERS = ({"rescale_o_before_pv": True, "late_o_addresses": False},
+                   {"rescale_o_before_pv": False, "late_o_addresses": True})
 WGMMA_SCHEDULES = (
-    *({"intra_wg_overlap": overlap, "pingpong": pingpong, "rescale_o_before_pv": False}
+    *({"intra_wg_overlap": overlap, "pingpong": pingpong, "rescale_o_before_pv": False,
+       "late_o_addresses": False}
       for overlap, pingpong in itertools.product((False, True), (False, True))),
-    *({"intra_wg_overlap": True, "pingpong": pingpong, "rescale_o_before_pv": True}
-      for pingpong in (False, True)))
+    *({"intra_wg_overlap": True, "pingpong": pingpong, **order}
+      for order in _OVERLAP_ORDERS for pingpong in (False, True)))
 #: L2 section sizes (MiB of K/V) the refinement tries with the longest-first order.
 LPT_SECTION_MB = (L2_SECTION_MB, 16)
 

@@ -92,6 +92,13 @@ def fence_registers(t: cute.Tensor) -> None:
                                                  "", "=r,0", has_side_effects=True))
 
 
+def opaque(value) -> cutlass.Int32:
+    """``value`` (32 bits) through an empty inline-asm read-write: the compiler cannot see
+    where it comes from, so what is computed from it stays after this point."""
+    return cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [cutlass.Int32(value).ir_value()],
+                                         "", "=r,0", has_side_effects=True))
+
+
 class TileExtent(NamedTuple):
     """Where one output tile lies (``FlashForwardSm90._tile``): its row block and heads, its
     sequence (batch element or packed ``origins``) and lengths, its first row, its K/V block
@@ -668,6 +675,8 @@ class FlashForwardSm90(ForwardKernel):
                 if ctidx < 32:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
             NamedBarrier.EPILOGUE.sync(cfg.num_warps * 32)
+        if cutlass.const_expr(cfg.late_o_addresses):
+            ctidx = opaque(ctidx)
         stage_o(acc_O, sO[None, None, 0], mma_pv, ctidx, self.dtype)
         if cutlass.const_expr(self.varlen):
             mO, gmem_store = o_store
