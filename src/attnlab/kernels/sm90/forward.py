@@ -88,15 +88,16 @@ def fence_registers(t: cute.Tensor) -> None:
     this point (FA3's ``warpgroup_fence_operand``). Its size in bytes must be a multiple of 4."""
     words = cute.recast_tensor(t, cutlass.Int32)
     for i in range(cute.size(words)):
-        words[i] = cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [words[i].ir_value()],
-                                                 "", "=r,0", has_side_effects=True))
+        words[i] = opaque(words[i])
 
 
 def opaque(value) -> cutlass.Int32:
-    """``value`` (32 bits) through an empty inline-asm read-write: the compiler cannot see
-    where it comes from, so what is computed from it stays after this point."""
-    return cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [cutlass.Int32(value).ir_value()],
-                                         "", "=r,0", has_side_effects=True))
+    """``value`` (32 bits) through an empty inline-asm read-write: the compiler can neither see
+    where the result comes from nor drop the statement, so what is computed from it stays
+    after this point."""
+    return cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type,
+                                         [cutlass.Int32(value).ir_value()], "", "=r,0",
+                                         has_side_effects=True))
 
 
 class TileExtent(NamedTuple):
