@@ -17,6 +17,9 @@
 #   lateo    the epilogue's addresses built after the K/V loop (late_o_addresses) against
 #            the default: hd64 plain and causal 8k/16k, hd128 causal 8k/16k, hd32 4k, bf16
 #            and fp16 (scripts/sm90_candidates.py)
+#   lateprof hd64 causal 16k: ncu (with stall samples) of the default and of the same with
+#            late_o_addresses, FA4 beside (the late build drops the default's spills and waits
+#            later for P V, yet measured 3 % slower: thirty-seventh session)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -128,6 +131,20 @@ case $mode in
       python3 scripts/sm90_candidates.py --head-dims "$1" --masks "$2" --seqlen "$3" \
         --dtypes bfloat16,float16 --variants "$4" --runs 15 --out "$OUT/lateo-$1" 2>&1 \
         | grep -v Warning | tee -a "$log"
+    done
+    ;;
+  lateprof)
+    python3 - "$OUT" <<'PY'
+import json, sys
+from attnlab import policy
+base = policy.default_for("sm_90a", 64, True, seqlen=16384)
+for name, cfg in (("default", base), ("late_o", base.replace(late_o_addresses=True))):
+    with open(f"{sys.argv[1]}/{name}.json", "w") as f:
+        json.dump(cfg.to_dict(), f)
+PY
+    for name in default late_o; do
+      attnlab profile "$OUT/$name.json" --shape 1,16384,16384,32,64 --causal --stalls \
+        --peers fa4 --out "$OUT/lateprof-$name"
     done
     ;;
   narrow)
