@@ -20,6 +20,9 @@
 #   lateprof hd64 causal 16k: ncu (with stall samples) of the default and of the same with
 #            late_o_addresses, FA4 beside (the late build drops the default's spills and waits
 #            later for P V, yet measured 3 % slower: thirty-seventh session)
+#   power    clocks, power and energy per call while attnlab, FA4 and cuDNN (and the 8192^3
+#            matrix product, cuBLAS and ours) run back to back alone (scripts/power_probe.py:
+#            why end to end sits under device only; later arguments go to it)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -146,6 +149,9 @@ PY
       attnlab profile "$OUT/$name.json" --shape 1,16384,16384,32,64 --causal --stalls \
         --peers fa4 --out "$OUT/lateprof-$name"
     done
+    ;;
+  power)
+    python3 scripts/power_probe.py --out "$OUT/power" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \
