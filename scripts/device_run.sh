@@ -23,6 +23,10 @@
 #   power    clocks, power and energy per call while attnlab, FA4 and cuDNN (and the 8192^3
 #            matrix product, cuBLAS and ours) run back to back alone (scripts/power_probe.py:
 #            why end to end sits under device only; later arguments go to it)
+#   lazy     lazy rescaling (lazy_rescale): its GPU tests, then against the default at hd64
+#            and hd128, plain and causal, 4k and 16k, bf16 and fp16, device only and end
+#            to end (scripts/sm90_candidates.py), then under the power cap at hd64 and hd128
+#            plain 16k (scripts/power_probe.py --candidates)
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -152,6 +156,17 @@ PY
     ;;
   power)
     python3 scripts/power_probe.py --out "$OUT/power" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  lazy)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_features_gpu.py -k lazy 2>&1 \
+      | tee -a "$log" | tail -3
+    python3 scripts/sm90_candidates.py --head-dims 64,128 --masks plain,causal \
+      --seqlen 4096,16384 --tokens 16384 --dtypes bfloat16,float16 --variants lazy --runs 15 \
+      --out "$OUT/lazy" 2>&1 | grep -v Warning | tee -a "$log"
+    for c in 64,plain,16384,lazy 128,plain,16384,lazy; do
+      python3 scripts/power_probe.py --candidates "$c" --rounds 2 --seconds 1.5 \
+        --out "$OUT/lazy-power-${c%%,*}" 2>&1 | grep -v "Warning\|exe_args\|^ " | tee -a "$log"
+    done
     ;;
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \

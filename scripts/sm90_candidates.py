@@ -116,6 +116,10 @@ VARIANTS[128].update(per_head_persistent={**_PERSISTENT, **_PER_HEAD},
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim]["late_o"] = {"late_o_addresses": True}
 VARIANTS[64]["late_o_rescale_after"] = {"late_o_addresses": True, "rescale_o_before_pv": False}
+#: Lazy rescaling (thirty-eighth session): rows keep their maxima within 2^8, a warp skips O's
+#: rescale where none moved.
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim]["lazy"] = {"lazy_rescale": True}
 
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
 MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",

@@ -470,7 +470,8 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 
 
 def test_overlap_and_pingpong_are_wgmma_knobs():
-    for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv"):
+    for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv",
+                 "lazy_rescale"):
         with pytest.raises(ConfigError, match="need wgmma"):
             ladder.k07.replace(**{knob: True})
     with pytest.raises(ConfigError, match="need wgmma"):
@@ -480,6 +481,8 @@ def test_overlap_and_pingpong_are_wgmma_knobs():
     with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
         policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False,
                                                   rescale_o_before_pv=True)
+    with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
+        policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False, lazy_rescale=True)
     with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
@@ -528,3 +531,27 @@ def test_rescale_o_before_pv_moves_the_rescale_under_q_k(head_dim, artifact_dir)
     assert 0 <= ops[True]["FMUL"] - ops[False]["FMUL"] - head_dim // 2 <= 2
     assert ops[True]["HGMMA"] == ops[False]["HGMMA"]
     assert ops[True]["WARPGROUP"] == ops[False]["WARPGROUP"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("rescale_first", [False, True], ids=["after_pv", "before_pv"])
+def test_lazy_rescale_branches_around_the_o_rescale(head_dim, rescale_first, artifact_dir):
+    """``lazy_rescale``: each loop body votes once whether any row of the warp moved its
+    maximum and branches around O's D / 2 multiplies (a real branch: no multiply is left
+    predicated, so a warp that skips them issues none); the same HGMMAs and exponentials as
+    the build without it, no spill."""
+    base = policy.default_for("sm_90a", head_dim).replace(rescale_o_before_pv=rescale_first)
+    ops = {}
+    for lazy in (False, True):
+        art = compile_config(base.replace(lazy_rescale=lazy), "sm_90a", head_dim=head_dim,
+                             out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        ops[lazy] = histogram(parse(sass_text))
+        assert not read_resources(art.cubin, sass_text).spills
+        if lazy:
+            assert not re.search(r"@!?U?P\d+\s+FMUL", sass_text)
+    bodies = 2
+    assert ops[True]["VOTE"] - ops[False]["VOTE"] == bodies + rescale_first
+    assert ops[True]["BRA"] > ops[False]["BRA"]
+    assert ops[True]["HGMMA"] == ops[False]["HGMMA"]
+    assert ops[True]["MUFU"] == ops[False]["MUFU"]

@@ -654,6 +654,41 @@ def test_wgmma_late_o_addresses(head_dim, window):
     check_varlen(window, torch.float16, base, head_dim)
 
 
+def lazy_inputs(keys: str, head_dim: int, dtype, seed: int):
+    """q, k, v whose row maxima ``keys`` makes stay put (``random``: settled within a block
+    or two), jump past the lazy threshold at every K/V block (``rising``: keys scaled up along
+    the sequence), or do one or the other by row (``mixed``: every third query row large, the
+    rest small, so one warp holds rows of both kinds)."""
+    q, k, v = dense_inputs(2, 333, 517, 8, 2, head_dim, dtype, seed=seed)
+    if keys != "random":
+        ramp = 1 + torch.arange(k.shape[1], device="cuda", dtype=torch.float32) / 32
+        k = (k.float() * ramp[None, :, None, None]).to(dtype)
+    if keys == "mixed":
+        rows = torch.arange(q.shape[1], device="cuda")
+        q = (q.float() * torch.where(rows % 3 == 0, 2.0, 0.05)[None, :, None, None]).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("keys", ["random", "rising", "mixed"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
+def test_wgmma_lazy_rescale(head_dim, keys, window):
+    """Row maxima kept while they grow by at most 2^8 (``lazy_rescale``), O rescaled where a
+    warp's rows moved: maxima that settle, that jump at every block, and both within one warp;
+    O rescaled before or after P V; masks (rows without keys keep -inf), packed sequences."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    base = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        lazy_rescale=True)
+    for rescale_first in (False, True):
+        config = base.replace(rescale_o_before_pv=rescale_first)
+        q, k, v = lazy_inputs(keys, head_dim, torch.bfloat16, seed=head_dim + rescale_first)
+        check_dense(q, k, v, window=window, config=config)
+    q, k, v = lazy_inputs(keys, head_dim, torch.float16, seed=head_dim + 7)
+    check_dense(q, k, v, window=window, config=base)
+    check_varlen(window, torch.float16, base, head_dim)
+
+
 def test_static_strides_compile_per_stride_set():
     """k16 compiles the row/head strides in: a BHSD view (other strides) gets its own kernel."""
     q, k, v = dense_inputs(2, 300, 300, 4, 4, 64, torch.bfloat16, seed=9)

@@ -40,7 +40,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order on one
     CTA per tile: the others are the refinement's), Ampere's space has none; a wgmma tile's
     neighbours are its ring depths, schedules and grids, within shared memory, at a B_c that
-    is not a power of two ``fence_p`` too, and under a mask both tile orders."""
+    is not a power of two ``fence_p`` too, under a mask both tile orders, and the tile itself
+    with the other ``lazy_rescale``."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -51,18 +52,21 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
                                dynamic_tiles=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    # Three ring depths, each schedule, two grids.
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 2
+    # Three ring depths, each schedule, two grids; and the tile with lazy rescaling.
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 2 + 1
+    assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
     assert {c.persistent for c in around} == {False, True}
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
                                                  256)} == {2}
     assert not any(c.fence_p for c in around)
     # B_c = 96 (hd192's default) also tries P pinned before the P V MMAs.
-    wide = knob_neighbours(policy.default_for("sm_90a", 192), "sm_90a", 192)
+    wide = [c for c in knob_neighbours(policy.default_for("sm_90a", 192), "sm_90a", 192)
+            if not c.lazy_rescale]
     assert {c.fence_p for c in wide} == {False, True}
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
-    masked = knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64, True)
+    masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
+                                         True) if not c.lazy_rescale]
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
     assert {(c.persistent, c.dynamic_tiles) for c in masked} == {
         (False, False), (True, False), (True, True)}

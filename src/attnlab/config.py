@@ -157,6 +157,11 @@ class FlashConfig:
             registers across the loop, and without them ptxas waits for the previous block's
             P V after some of the softmax's exponentials instead of before the first
             (docs/ladder.md, thirty-seventh session).
+        lazy_rescale: (wgmma with intra_wg_overlap) a row keeps its maximum while a new
+            block raises it by at most 2^8 in the exponent (P then reaches up to 256, carried
+            exactly by the row sum), and a warp skips O's rescale when none of its rows moved
+            (FA4's on Blackwell; ``kernels/common/softmax.py``): D / 2 multiplies per thread
+            and block that rarely change anything once the maxima settle.
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -201,6 +206,7 @@ class FlashConfig:
     fence_p: bool = False
     rescale_o_before_pv: bool = False
     late_o_addresses: bool = False
+    lazy_rescale: bool = False
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
@@ -280,10 +286,11 @@ class FlashConfig:
         if self.wgmma:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
-              or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses):
+              or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
+              or self.lazy_rescale):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
-                              "dynamic_tiles and late_o_addresses schedule the warpgroup-MMA "
-                              "kernel: they need wgmma")
+                              "dynamic_tiles, late_o_addresses and lazy_rescale schedule the "
+                              "warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -306,6 +313,9 @@ class FlashConfig:
         if self.rescale_o_before_pv and not self.intra_wg_overlap:
             raise ConfigError("rescale_o_before_pv moves O's rescale under the next block's "
                               "Q K^T: it needs intra_wg_overlap")
+        if self.lazy_rescale and not self.intra_wg_overlap:
+            raise ConfigError("lazy_rescale skips the O rescale that intra_wg_overlap splits "
+                              "off the softmax: it needs intra_wg_overlap")
         if self.pingpong and self.num_warps == 4:
             raise ConfigError("pingpong takes turns between consumer warpgroups: it needs two "
                               "or three (num_warps 8 or 12), got one")
@@ -346,7 +356,7 @@ class FlashConfig:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
                                         "rescale_o_before_pv", "late_o_addresses",
-                                        "persistent", "dynamic_tiles")
+                                        "lazy_rescale", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)

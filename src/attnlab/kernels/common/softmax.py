@@ -15,6 +15,14 @@ to the end (the sum is linear), the max is reduced every tile (it decides the ex
 halves, so a kernel can exponentiate one slice of columns at a time between other work
 (``FlashConfig.interleave_softmax``); ``step`` + ``rescale_o`` split it the other way, P first
 and O's rescale later, once the MMAs that read O are done (``FlashConfig.intra_wg_overlap``).
+
+Lazy rescaling (``FlashConfig.lazy_rescale``, FlashAttention-4's on Blackwell): a row keeps its
+old maximum while the new one exceeds it by at most ``LAZY_RESCALE_LOG2`` in the exponent's
+(log2) units, so P may reach ``2**LAZY_RESCALE_LOG2`` (256: within fp16's and bf16's range,
+and exact in the result: the row sum carries the same factor); the row's correction is then
+exactly 1, and ``rescale_o`` skips a warp's multiplies when every row it holds kept its
+maximum. On random data a row's maximum settles within the first block or two, so the O
+rescale (D / 2 multiplies per thread and block at B_r 64) nearly always drops out.
 """
 
 
@@ -28,6 +36,8 @@ from attnlab.kernels.common.layouts import acc_mn_view
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+#: How far (log2 units of the exponent) a row's maximum may grow before ``lazy`` rescales.
+LAZY_RESCALE_LOG2 = 8.0
 
 
 def quad_allreduce(value: cutlass.Float32, op) -> cutlass.Float32:
@@ -67,16 +77,20 @@ class OnlineSoftmax:
     guard_empty_rows: cutlass.Constexpr
     #: Independent FADD chains per row sum (``chained_sum``); 1: ``reduce``'s single chain.
     sum_chains: cutlass.Constexpr = 1
+    #: Keep a row's maximum while it grows by at most ``LAZY_RESCALE_LOG2`` (module
+    #: docstring); ``step`` and ``rescale_o`` only.
+    lazy: cutlass.Constexpr = False
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool, sum_chains: int = 1) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1,
+               lazy: bool = False) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows, sum_chains)
+                   guard_empty_rows, sum_chains, lazy)
 
     @cute.jit
     def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
@@ -103,7 +117,19 @@ class OnlineSoftmax:
 
     @cute.jit
     def rescale_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
-        """O's rows times the ``corrections`` of ``step``."""
+        """O's rows times the ``corrections`` of ``step``; with ``lazy``, only in a warp where
+        some row moved its maximum (a warp-uniform branch around the multiplies)."""
+        if cutlass.const_expr(self.lazy):
+            moved = corrections[0] != 1.0
+            for r in cutlass.range_constexpr(1, cute.size(self.row_max)):
+                moved = moved | (corrections[r] != 1.0)
+            if cute.arch.vote_any_sync(moved):
+                self._multiply_o(acc_o, corrections)
+        else:
+            self._multiply_o(acc_o, corrections)
+
+    @cute.jit
+    def _multiply_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
         o_mn = acc_mn_view(acc_o)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             o_mn[r, None] = o_mn[r, None].load() * corrections[r]
@@ -114,9 +140,17 @@ class OnlineSoftmax:
         row = self._scores(s_mn[r, None].load())
         m_old = self.row_max[r]
         m_new = self._new_max(row, m_old, first)
+        lazy = self.lazy and not first
+        keep = self._keeps_max(m_old, m_new) if lazy else None
+        if cutlass.const_expr(lazy):
+            m_new = self._select(keep, m_old, m_new)
         m_exp = self._exponent_max(m_new)
         p = self._exp(row, m_exp)
         correction = self._exp(m_old, m_exp)
+        if cutlass.const_expr(lazy):
+            # Exactly 1 (the exponent's FFMA would leave the rounding of m * scale_log2), so
+            # ``rescale_o`` can tell a kept row.
+            correction = self._select(keep, cutlass.Float32(1.0), correction)
         self.row_max[r] = m_new
         s_mn[r, None] = p
         if cutlass.const_expr(self.sum_chains > 1):
@@ -159,6 +193,20 @@ class OnlineSoftmax:
             for c in cutlass.range_constexpr(col0, col0 + cols):
                 s_mn[r, c] = self._exp(self._scores(s_mn[r, c]), m_exp)
             self.row_sum[r] = self.row_sum[r] + self._sum(s_mn, r, col0, cols)
+
+    @cute.jit
+    def _keeps_max(self, m_old, m_new):
+        """``lazy``: whether the row keeps ``m_old`` (``m_new`` within ``LAZY_RESCALE_LOG2``;
+        false for two -inf, whose difference is NaN: a row still without keys moves on)."""
+        return (m_new - m_old) * self._log2_factor() <= LAZY_RESCALE_LOG2
+
+    @cute.jit
+    def _select(self, cond, if_true, if_false):
+        return if_true if cond else if_false
+
+    def _log2_factor(self):
+        """What turns a difference of maxima into the exponent's log2 units."""
+        return self.scale_log2 if self.fused else LOG2_E
 
     def _scores(self, x):
         """S as the exponent takes it: raw (fused form) or scaled by its own FMUL."""
