@@ -223,7 +223,13 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     device = H200
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.config_for(device, causal)
-    assert chosen == policy.default_for("sm_90a", 128, windowed=True)
+    assert chosen == policy.default_for("sm_90a", 128, windowed=True, seqlen=4096)
+    # Lazy rescaling from 2k to below 8k masked queries (hd64/128/256), not beyond, not plain.
+    assert chosen.lazy_rescale and chosen == policy.default_for(
+        "sm_90a", 128, windowed=True).replace(lazy_rescale=True)
+    for seqlen, lazy in ((1024, False), (2048, True), (8192, False)):
+        at = dataclasses.replace(causal, seqlen_q=seqlen, seqlen_k=seqlen)
+        assert dispatch.config_for(device, at).lazy_rescale == lazy, seqlen
     chosen_plain = dispatch.config_for(device, problem(4096))
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
     assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
@@ -385,14 +391,16 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
-    assert dispatch.config_for(H200, causal) == static
+    # At 4k queries with lazy rescaling (``policy._LAZY_MASKED_HEAD_DIMS``).
+    at_4k = static.replace(lazy_rescale=True)
+    assert dispatch.config_for(H200, causal) == at_4k
     # From 8k queries hd128 runs one CTA per tile, longest first (FA4's grid); below, an
     # unbalanced static walk goes to the counter (B = 1, H = 2: 32 tiles on 132 SMs).
     long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
     assert dispatch.config_for(H200, long) == static.replace(
         persistent=False, lpt=True, l2_section_mb=16)
     few = dataclasses.replace(causal, batch=1, num_heads=2, num_heads_kv=2)
-    assert dispatch.config_for(H200, few) == static.replace(dynamic_tiles=True)
+    assert dispatch.config_for(H200, few) == at_4k.replace(dynamic_tiles=True)
     short = dataclasses.replace(causal, head_dim=64, seqlen_q=1024, seqlen_k=1024)
     assert dispatch.config_for(H200, short) == policy.default_for("sm_90a", 64, True,
                                                                   seqlen=1024)
@@ -401,7 +409,8 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     assert dispatch.config_for(H200, dataclasses.replace(short, batch=1)).dynamic_tiles
     for head_dim in (32, 64, 96, 256):
         chosen = dispatch.config_for(H200, dataclasses.replace(causal, head_dim=head_dim))
-        assert chosen == policy.default_for("sm_90a", head_dim, True) and chosen.dynamic_tiles
+        assert chosen == policy.default_for("sm_90a", head_dim, True, seqlen=4096)
+        assert chosen.dynamic_tiles
     for head_dim, one_cta in ((64, {"block_n": 128, "fence_p": False, "lpt": True}),
                               (128, {"kv_stages": 3}),
                               (256, {"lpt": True, "l2_section_mb": 16})):

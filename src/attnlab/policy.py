@@ -169,6 +169,15 @@ VERY_LONG_MASKED_SEQLEN = 8192
 #: the balance model separates the lengths where the static walk wins.
 _MID_MASKED_TILES: dict[int, dict[str, object]] = {64: {"dynamic_tiles": False}}
 MID_MASKED_SEQLEN = 2048
+#: Dense masked problems from ``LONG_MASKED_SEQLEN`` to below ``VERY_LONG_MASKED_SEQLEN``
+#: queries keep their row maxima within 2^8 and skip O's rescale where no row moved
+#: (``lazy_rescale``). Thirty-eighth session, H100, causal, 16k tokens, device only, default ->
+#: lazy, two runs: 2k hd64 bf16 404 -> 407, fp16 393 -> 401, hd128 bf16 559 -> 570, fp16 548
+#: -> 553; 4k hd64 471 -> 480 and 466 -> 474 (bf16), 455 -> 461 and 452 -> 460 (fp16), hd128
+#: 640 -> 652 and 629 -> 642 (bf16), 618 -> 624 and 614 -> 619 (fp16), hd256 700 -> 722 (bf16),
+#: 686 -> 699 (fp16); from 8k even (-0.8 to +0.3 %), plain problems -2 to 0 %
+#: (docs/ladder.md).
+_LAZY_MASKED_HEAD_DIMS = (64, 128, 256)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
 #: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
@@ -195,7 +204,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
     ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
     ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
-    ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first);
+    ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first), below
+    it at hd64/128/256 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
@@ -213,6 +223,9 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         very_long = dense_masked and seqlen >= VERY_LONG_MASKED_SEQLEN
         if very_long and head_dim in _VERY_LONG_MASKED_TILES:
             config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
+        lazy = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
+        if lazy and head_dim in _LAZY_MASKED_HEAD_DIMS:
+            config = config.replace(lazy_rescale=True)
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
         return config
