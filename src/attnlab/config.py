@@ -161,7 +161,9 @@ class FlashConfig:
             block raises it by at most 2^8 in the exponent (P then reaches up to 256, carried
             exactly by the row sum), and a warp skips O's rescale when none of its rows moved
             (FA4's on Blackwell; ``kernels/common/softmax.py``): D / 2 multiplies per thread
-            and block that rarely change anything once the maxima settle.
+            and block that rarely change anything once the maxima settle. The default for
+            dense masked problems from 2k to below 8k queries at hd64/128/256 (+1-3 % there;
+            docs/ladder.md, thirty-eighth session).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
