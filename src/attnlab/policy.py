@@ -176,7 +176,7 @@ MID_MASKED_SEQLEN = 2048
 #: -> 553; 4k hd64 471 -> 480 and 466 -> 474 (bf16), 455 -> 461 and 452 -> 460 (fp16), hd128
 #: 640 -> 652 and 629 -> 642 (bf16), 618 -> 624 and 614 -> 619 (fp16), hd256 700 -> 722 (bf16),
 #: 686 -> 699 (fp16); from 8k even (-0.8 to +0.3 %), plain problems -2 to 0 %
-#: (docs/ladder.md).
+#: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed).
 _LAZY_MASKED_HEAD_DIMS = (64, 128, 256)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
