@@ -1,7 +1,7 @@
 """Time decoding-kernel candidates (split counts, merges) on the GPU.
 
-Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged | --tma |
---tail] [--out DIR]
+Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged | --tma]
+[--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
 ``attention_with_kvcache`` picks) against a half, a quarter and an eighth of its split count,
 each merged as the call would merge it, all through the same kernels
@@ -14,9 +14,7 @@ device only and end to end (back-to-back calls). ``--paged``: instead, the defau
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page).
 ``--tma``: instead, K/V by TMA boxes (``DecodeSpec.tma_rows``, sm_90a) against the row
 gathers, contiguous and paged, at the call's split counts, device only and end to end.
-``--tail``: instead, the call's kernels against the same with the next step launched early
-(``early_next``), and both with 64-key blocks six deep (the same split counts): what a walk's
-ramp and drain cost, device only and end to end. Results go to OUT/decode_candidates.json.
+Results go to OUT/decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -48,19 +46,16 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 
 
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
-           merge: str | None = "kernel", tma_rows: int = 0, early_next: bool = False):
+           merge: str | None = "kernel", tma_rows: int = 0):
     """One variant's call; ``merge``: how a split decoding's partials are merged (by the
     combine ``"kernel"``, by the last split: ``"serial"``; None: not at all); ``tma_rows``:
-    K/V by TMA boxes of that many keys (0: row gathers); ``early_next``: the kernels let the
-    next step launch early (``DecodeSpec.early_next``, ``CombineSpec.early_next``)."""
+    K/V by TMA boxes of that many keys (0: row gathers)."""
     info = device.info(torch.device("cuda"))
     serial = merge == "serial" and splits > 1
     spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
-                      kpw, stages, serial_merge=serial, tma_rows=tma_rows,
-                      early_next=early_next and splits == 1)
+                      kpw, stages, serial_merge=serial, tma_rows=tma_rows)
     decode = kernel_cache.get(spec).fn
-    combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim,
-                                            early_next)).fn
+    combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
                if merge == "kernel" else None)
     b, sq, hq, d = point.batch, point.seqlen_q, point.heads, point.head_dim
     counters = torch.zeros(b * point.kv_heads * math.ceil(hq // point.kv_heads * sq / 16),
@@ -87,7 +82,6 @@ def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw:
                    None, None, None)
             if combine is not None:
                 combine(part, part_lse, out, lse, splits)
-    run.out = out
     return run
 
 
@@ -102,9 +96,6 @@ def main() -> None:
     parser.add_argument("--tma", action="store_true",
                         help="time K/V by TMA boxes against the row gathers, contiguous and "
                              "paged, device only and end to end")
-    parser.add_argument("--tail", action="store_true",
-                        help="time the next step launched early and 64-key blocks six deep "
-                             "against the call's kernels, device only and end to end")
     parser.add_argument("--merge", action="store_true",
                         help="time the combine kernel against the serial merge, contiguous "
                              "and paged, device only and end to end")
@@ -146,22 +137,7 @@ def main() -> None:
                 for how, n in box_rows.items():
                     variants[f"{layout} {how}"] = runner(point, sets, paged, splits, stages,
                                                          kpw, merge, n)
-        if args.tail:
-            merge = "serial" if serial_merge(auto, blocks) else "kernel"
-            for tile in ((kpw, stages), (16, 6)):
-                for early in (False, True):
-                    variants[f"{tile[0] * DECODE_WARPS}x{tile[1]}{' early' if early else ''}"] = (
-                        runner(point, sets, False, auto, tile[1], tile[0], merge,
-                               early_next=early))
-            # Each candidate's output against the call's kernels' on one input set.
-            first, *others = variants.values()
-            first(0)
-            for run in others:
-                run.out.fill_(float("nan"))
-                run(0)
-                error = (run.out.float() - first.out.float()).abs().max().item()
-                assert error < 2e-2, f"{point.label()}: a candidate differs by {error}"
-        if not (args.combine or args.paged or args.merge or args.tma or args.tail):
+        if not (args.combine or args.paged or args.merge or args.tma):
             # The default tile at the chosen split count and at a half, a quarter and an
             # eighth of it, each merged as ``attention_with_kvcache`` would merge it.
             for splits in sorted({max(1, auto // f) for f in (1, 2, 4, 8)}, reverse=True):

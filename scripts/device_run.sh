@@ -44,8 +44,6 @@
 #            and paged)
 #   decmerge the decoding GPU tests, then the combine kernel against the serial merge
 #            (scripts/decode_candidates.py --merge: device only and end to end)
-#   dectail  the next decoding step launched early (early_next) and 64-key blocks six deep
-#            against the call's kernels (scripts/decode_candidates.py --tail)
 #   decspans [--points B:KEYS:HQ:HKV,...] the same points' (or these) back-to-back spans on
 #            the device's clock, contiguous and paged
 #            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
@@ -191,10 +189,6 @@ PY
       | tee -a "$log" | tail -5
     python3 scripts/decode_candidates.py --merge --out "$OUT/decmerge" 2>&1 | grep -v Warning \
       | tee -a "$log"
-    ;;
-  dectail)
-    python3 scripts/decode_candidates.py --tail --out "$OUT/dectail" "${@:2}" 2>&1 \
-      | grep -v Warning | tee -a "$log"
     ;;
   decspans)
     python3 scripts/decode_spans.py --out "$OUT/decspans" "${@:2}" 2>&1 | grep -v Warning \

@@ -259,9 +259,8 @@ def test_fake_decoding_op_gives_the_outputs_torch_compile_sees():
 
 def test_sm90_kernels_wait_for_the_previous_grid_and_let_the_combine_launch_early(tmp_path):
     """PDL on sm_90a: both kernels begin with ``griddepcontrol.wait`` (ACQBULK) before any
-    global read; a split decoding signals its dependents (PREEXIT) once past its walk, and
-    with ``early_next`` an unsplit one too and the combine at its start; no such instruction
-    on sm_80."""
+    global read; a split decoding signals its dependents (PREEXIT) once past its walk; no
+    such instruction on sm_80."""
     def ops(spec):
         art = compile_spec(spec, tmp_path / spec.label / spec.arch)
         return parse(disassemble(art.cubin))
@@ -272,14 +271,6 @@ def test_sm90_kernels_wait_for_the_previous_grid_and_let_the_combine_launch_earl
         first_load = min(n for n, op in enumerate(listing) if op.startswith(("LDG", "LDGSTS")))
         assert "ACQBULK" in listing[:first_load], spec
     assert "PREEXIT" in [i.opcode for i in ops(split)]
-    # ``early_next``: an unsplit decoding signals past its walk too, the combine before its
-    # wait; without it neither signals.
-    assert "PREEXIT" not in [i.opcode for i in ops(DecodeSpec("sm_90a", "bfloat16", 128))]
-    assert "PREEXIT" in [i.opcode for i in ops(DecodeSpec("sm_90a", "bfloat16", 128,
-                                                          early_next=True))]
-    assert "PREEXIT" not in [i.opcode for i in ops(CombineSpec("sm_90a", "bfloat16", 128))]
-    listing = [i.opcode for i in ops(CombineSpec("sm_90a", "bfloat16", 128, True))]
-    assert listing.index("PREEXIT") < listing.index("ACQBULK")
     for spec in (DecodeSpec("sm_80", "bfloat16", 128, split=True),
                  CombineSpec("sm_80", "bfloat16", 128)):
         assert not {"ACQBULK", "PREEXIT"} & {i.opcode for i in ops(spec)}

@@ -304,15 +304,13 @@ class DecodeSpec(FlatSpec):
     the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
     offset is computed for each (else K's serves both); ``tma_rows`` (sm_90a): K and V come
     by the TMA unit in boxes of this many keys (a block, or a page shorter than a block)
-    instead of row by row by ``cp.async`` (0); ``early_next`` (sm_90a): an unsplit
-    decoding lets the stream's next kernel launch once its walk is done (a split one always
-    does, for its combine); see ``PDL`` in ``kernels/common/decode.py``."""
+    instead of row by row by ``cp.async`` (0)."""
 
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
         ("_split", "split"), ("_vstrides", "v_strides"), ("_serial", "serial_merge"),
-        ("_tma", "tma_rows"), ("_early", "early_next"))
+        ("_tma", "tma_rows"))
 
     arch: str
     dtype: str
@@ -326,7 +324,6 @@ class DecodeSpec(FlatSpec):
     v_strides: bool = False
     serial_merge: bool = False
     tma_rows: int = 0
-    early_next: bool = False
 
     @property
     def label(self) -> str:
@@ -400,17 +397,13 @@ def fake_decode_args(spec: DecodeSpec) -> DecodeArgs:
 @dataclass(frozen=True)
 class CombineSpec(FlatSpec):
     """The kernel that merges a split decoding's partial outputs by their LSEs
-    (``kernels/common/decode_combine.py``). ``early_next`` (sm_90a): the stream's next kernel
-    may launch as soon as this one starts (it still waits for this one's end before reading
-    anything), so the next decoding step's CTAs are resident when the merge ends."""
+    (``kernels/common/decode_combine.py``)."""
 
     KIND: ClassVar[str] = "decode_combine"
-    FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (("_early", "early_next"),)
 
     arch: str
     dtype: str
     head_dim: int
-    early_next: bool = False
 
     @property
     def label(self) -> str:

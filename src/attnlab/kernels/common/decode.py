@@ -25,10 +25,7 @@ kernel is built for bandwidth, not for tensor-core rate.
 * **PDL** (programmatic dependent launch, sm_90): the kernel and the combine are launched
   before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
   before reading anything, so a launch's latency hides under the previous kernel's tail; a
-  split decoding lets the combine launch once its CTAs are past their K/V walk. With
-  ``DecodeSpec.early_next`` an unsplit decoding does the same for the stream's next kernel,
-  and the combine (``CombineSpec.early_next``) lets it launch at its start: back-to-back
-  decoding steps then find the next step's CTAs resident when the merge ends.
+  split decoding lets the combine launch once its CTAs are past their K/V walk.
 * **Serial merge** (``DecodeSpec.serial_merge``): instead of the combine kernel, each split
   counts in at its query tile's counter once its partial is written, and the split that
   counts last merges the tile's partials and resets the counter (GEMM's serial split-K). One
@@ -280,9 +277,8 @@ class FlashDecode:
         # ---- the warps' outputs merged by their LSEs, then written -------------------------
         lse_w = cute.make_rmem_tensor((cute.size(tScS, mode=[0]),), cutlass.Float32)
         softmax.finalize(acc_O, lse_w)
-        if cutlass.const_expr(self.pdl and (spec.split or spec.early_next)):
-            # The next kernel (the combine, or with ``early_next`` the next step) may launch:
-            # it waits for this grid's end before reading.
+        if cutlass.const_expr(self.pdl and spec.split):
+            # The combine may launch (it waits for this grid's end before reading).
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()

@@ -41,7 +41,6 @@ class DecodeCombine:
         self.working = self.groups * self.per_row
         #: Launched early behind the split decoding (``decode.py``'s PDL, sm_90).
         self.pdl = spec.arch == "sm_90a"
-        self.early_next = spec.early_next
 
     @cute.jit
     def __call__(self, partial_out: cute.Tensor, partial_lse: cute.Tensor, out: cute.Tensor,
@@ -59,9 +58,6 @@ class DecodeCombine:
     @cute.kernel
     def kernel(self, t: CombineArgs, SharedStorage: cutlass.Constexpr):
         if cutlass.const_expr(self.pdl):
-            if cutlass.const_expr(self.early_next):
-                # The next kernel waits for this one's end before it reads anything.
-                cute.arch.griddepcontrol_launch_dependents()
             # The partials are the previous kernel's: wait for its end (and its writes).
             cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
