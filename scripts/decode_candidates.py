@@ -3,8 +3,8 @@
 Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged | --tma]
 [--out DIR]
 For a few points of ``attnlab bench --decode``'s grid, the default (what
-``attention_with_kvcache`` picks) against a half, a quarter and an eighth of its split count,
-each merged as the call would merge it, all through the same kernels
+``attention_with_kvcache`` picks) against twice, a half, a quarter and an eighth of its split
+count, each merged as the call would merge it, all through the same kernels
 (``kernels/common/decode.py`` and the combine), round-robin on the same inputs; GB/s of K/V
 read, median of the runs, device only and end to end (back-to-back calls). ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
@@ -138,9 +138,11 @@ def main() -> None:
                     variants[f"{layout} {how}"] = runner(point, sets, paged, splits, stages,
                                                          kpw, merge, n)
         if not (args.combine or args.paged or args.merge or args.tma):
-            # The default tile at the chosen split count and at a half, a quarter and an
-            # eighth of it, each merged as ``attention_with_kvcache`` would merge it.
-            for splits in sorted({max(1, auto // f) for f in (1, 2, 4, 8)}, reverse=True):
+            # The default tile at the chosen split count, at twice it and at a half, a
+            # quarter and an eighth of it, each merged as ``attention_with_kvcache`` would
+            # merge it.
+            counts = {max(1, auto // f) for f in (1, 2, 4, 8)} | {min(128, 2 * auto)}
+            for splits in sorted(counts, reverse=True):
                 merge = "serial" if serial_merge(splits, blocks) else "kernel"
                 variants[f"splits={splits} {merge}"] = runner(point, sets, False, splits,
                                                                stages, kpw, merge)

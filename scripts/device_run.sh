@@ -53,6 +53,10 @@
 #   regimes [--points B:KEYS:HQ:HKV,...] a decoding call's host time with the device drained
 #            against queued behind work, beside SDPA flash and a 1-element add_
 #            (scripts/launch_regimes.py)
+#   decab REV [ARGS]  the decoding GPU tests, then the split sweep (scripts/decode_candidates.py
+#            ARGS: the chosen split count, twice, a half, a quarter, an eighth) with the source
+#            tree in .ab/REV (carried, as for ab) and with this one, each in its own process
+#            and kernel cache, twice
 #   backward the backward's GPU tests (tests/test_backward_gpu.py and the training bench's), then
 #            attnlab bench --backward: training (forward + backward, backward alone) against the
 #            peers at issue 20's anchor shapes
@@ -211,13 +215,19 @@ PY
     python3 scripts/launch_regimes.py --out "$OUT/regimes" "${@:2}" 2>&1 | grep -v Warning \
       | tee -a "$log"
     ;;
-  ab|bwdab)
+  ab|bwdab|decab)
+    if [ "$mode" = decab ]; then
+      python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_decode_gpu.py 2>&1 \
+        | tee -a "$log" | tail -5
+    fi
     # Each tree in its own process and kernel cache; the forward's A/B labels its own rows.
     for round in 1 2; do
       for tree in "$2" this; do
         src=$PWD/src; [ "$tree" = this ] || src=$PWD/.ab/$tree/src
         if [ "$mode" = ab ]; then
           run=(scripts/ab_forward.py --label "$tree" --out "$OUT/$round"); label=
+        elif [ "$mode" = decab ]; then
+          run=(scripts/decode_candidates.py --out "$OUT/$tree-$round"); label="$tree: "
         else
           run=(scripts/bwd_candidates.py --out "$OUT/$tree-$round"); label="$tree: "
         fi

@@ -173,21 +173,30 @@ def test_serial_merge_counts_each_split_in_once(arch, tmp_path):
     assert ops[True]["MEMBAR"] >= 2 and "MEMBAR" not in ops[False]
     # A merged vector, its row's LSE and the counter's reset, beside the partial's stores.
     assert ops[True]["STG"] - ops[False]["STG"] == 3
-    # The merge's loop: a split's LSE and vector for each of MERGE_SPLITS splits at once.
-    assert ops[True]["LDG"] - ops[False]["LDG"] >= 2 * MERGE_SPLITS
+    # The merge's loop: a split's LSE and vector for each of MERGE_SPLITS splits, all
+    # loaded before the batch's maximum.
+    assert ops[True]["LDG"] - ops[False]["LDG"] == 2 * MERGE_SPLITS
+    listing = [i.base for i in parse(text)]
+    merge = listing[listing.index("ATOMG"):]
+    assert merge[:merge.index("FMNMX")].count("LDG") == 2 * MERGE_SPLITS
 
 
 @pytest.mark.parametrize("head_dim", [96, 128, 256])
 def test_combine_shares_a_rows_splits_out_over_the_cta(tmp_path, head_dim):
-    """A CTA per row: one LSE load per thread and round for the max, then per split of a
-    group its LSE and one vector (unrolled), two CTA barriers, no spills."""
-    from attnlab.kernels.common.decode_combine import SPLITS_UNROLL
+    """A CTA per row: per split of a thread's batch its LSE and one vector, every LSE of the
+    batch loaded before the first maximum (one round of latency, not one a split), one CTA
+    barrier for the groups' meeting, no spills."""
+    from attnlab.kernels.common.decode_combine import SPLITS_BATCH
 
     art = compile_spec(CombineSpec("sm_90a", "bfloat16", head_dim), tmp_path)
     text = disassemble(art.cubin)
-    ops = histogram(parse(text))
-    assert 2 * SPLITS_UNROLL < ops["LDG"] <= 2 * (SPLITS_UNROLL + 1) + 1
-    assert ops["BAR"] == 2 and ops["STG"] == 2 and ops["SHFL"] == 5
+    listing = parse(text)
+    ops = histogram(listing)
+    assert ops["LDG"] == 2 * SPLITS_BATCH
+    assert ops["BAR"] == 1 and ops["STG"] == 2 and "SHFL" not in ops
+    opcodes = [i.base for i in listing]
+    first_max = opcodes.index("FMNMX")
+    assert opcodes[:first_max].count("LDG") >= SPLITS_BATCH + 1
     assert not read_resources(art.cubin, text).spills
 
 

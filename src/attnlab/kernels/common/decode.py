@@ -43,6 +43,7 @@ from attnlab.kernels.abi import DECODE_WARPS, DecodeArgs, DecodeSpec
 from attnlab.kernels.common import decode_tma
 from attnlab.kernels.common.barriers import NamedBarrier, count_in
 from attnlab.kernels.common.base import shared_storage, shared_tile
+from attnlab.kernels.common.decode_combine import VEC, merge_splits
 from attnlab.kernels.common.decode_tma import BoxLoads, make_box_loads
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import (
@@ -423,35 +424,21 @@ class FlashDecode:
     def _merge(self, t: DecodeArgs, batch, head_kv, group, row0, rows, tidx):
         """The tile's rows merged over every split's partial (O, LSE), as the combine kernel
         merges them, into ``merged_out`` and ``merged_lse``. The threads deal out the tile's
-        (row, 4 columns) items (rows past the sequence's left out); each walks its item's
-        splits once, rescaling the sums whenever the largest LSE so far grows: no load
-        depends on the sums, so ``MERGE_SPLITS`` splits' loads are in flight together, where
-        finding the largest LSE first would cost a second pass."""
-        D, vec, batch_size = self.head_dim, 4, t.q.shape[0]
-        per_row = D // vec
+        (row, 4 columns) items (rows past the sequence's left out); each merges its item's
+        splits in one pass (``decode_combine.merge_splits``), ``MERGE_SPLITS`` splits' loads
+        in flight together."""
+        D, batch_size = self.head_dim, t.q.shape[0]
+        per_row = D // VEC
         items = (cutlass.min(rows - row0, TILE_ROWS)) * per_row
-        acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
         for index in cutlass.range(tidx, items, THREADS, unroll=1):
-            row, c = row0 + index // per_row, index % per_row * vec
+            row, c = row0 + index // per_row, index % per_row * VEC
             pos, head = row // group, head_kv * group + row % group
-            top = -cutlass.Float32.inf
-            total = cutlass.Float32(0.0)
-            acc.fill(0.0)
-            for s in cutlass.range(t.num_splits, unroll=MERGE_SPLITS):
-                split_row = s * batch_size + batch
-                lse_s = t.lse[split_row, head, pos]
-                part = cute.local_tile(t.out[split_row, pos, head, None], (vec,),
-                                       (c // vec,)).load()
-                new_top = cute.arch.fmax(top, lse_s)
-                safe = cutlass.Float32(0.0) if new_top == -cutlass.Float32.inf else new_top
-                rescale = cute.math.exp(top - safe, fastmath=True)
-                weight = cute.math.exp(lse_s - safe, fastmath=True)
-                total = total * rescale + weight
-                acc.store(acc.load() * rescale + part * weight)
-                top = new_top
+            top, total = merge_splits(t.out, t.lse, (batch, batch_size, pos, head), c, 0,
+                                      t.num_splits, 1, MERGE_SPLITS, acc)
             safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
             inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
-            dst = cute.local_tile(t.merged_out[batch, pos, head, None], (vec,), (c // vec,))
+            dst = cute.local_tile(t.merged_out[batch, pos, head, None], (VEC,), (c // VEC,))
             dst.store((acc.load() * inverse).to(t.merged_out.element_type))
             if c == 0:
                 t.merged_lse[batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
@@ -466,28 +453,27 @@ class FlashDecode:
         if cutlass.const_expr(self.spec.split):
             out_batch = split * t.q.shape[0] + batch
         # Per row: the merged LSE and each warp's weight exp(lse_w - lse).
-        vec = 4
-        for i in cutlass.range_constexpr(TILE_ROWS * D // vec // THREADS):
+        for i in cutlass.range_constexpr(TILE_ROWS * D // VEC // THREADS):
             index = i * THREADS + tidx
-            r, c = index // (D // vec), index % (D // vec) * vec
+            r, c = index // (D // VEC), index % (D // VEC) * VEC
             if row0 + r < rows:
                 top = -cutlass.Float32.inf
                 for w in cutlass.range_constexpr(DECODE_WARPS):
                     top = cute.arch.fmax(top, sLSE[r, w])
                 safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
                 total = cutlass.Float32(0.0)
-                acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+                acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
                 acc.fill(0.0)
                 for w in cutlass.range_constexpr(DECODE_WARPS):
                     weight = cute.math.exp(sLSE[r, w] - safe_top, fastmath=True)
                     total = total + weight
-                    for j in cutlass.range_constexpr(vec):
+                    for j in cutlass.range_constexpr(VEC):
                         acc[j] = acc[j] + weight * sO[r, c + j, w]
                 inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
                 row = row0 + r
                 dst = cute.local_tile(
                     t.out[out_batch, row // group, head_kv * group + row % group, None],
-                    (vec,), (c // vec,))
+                    (VEC,), (c // VEC,))
                 dst.store((acc.load() * inverse).to(t.out.element_type))
                 if c == 0:
                     t.lse[out_batch, head_kv * group + row % group, row // group] = (

@@ -6,12 +6,15 @@ largest ``lse_i`` so no exponent overflows. A split that saw no key wrote ``lse_
 and weighs 0; a row no split saw gets O = 0 and LSE = -inf, as the undivided kernel writes.
 Each thread takes 4 consecutive elements of a row (16-byte loads of each partial).
 
-A CTA merges one row: its threads find the largest LSE together (a split each, then a CTA
-max), then ``groups = THREADS / (head_dim / 4)`` thread groups each sum a share of the splits
-and the groups' sums meet in shared memory. A thread walking every split of its columns
-instead (4 rows per CTA at hd128, the first version) waited out a chain of dependent loads as
-long as the split count: with 128 splits over the 8 rows of one MQA sequence, 2 CTAs and 32
-rounds of memory latency; the CTA per row measured faster at every point (docs/decode.md).
+A CTA merges one row: ``groups = THREADS / (head_dim / 4)`` thread groups each merge a share
+of the splits in one pass (``merge_splits``: the running sums are rescaled whenever the
+largest LSE so far grows, so no load waits for a maximum), and the groups' sums meet in shared
+memory, rescaled to the largest group maximum. A thread issues the loads of
+``SPLITS_BATCH`` splits before it sums any: with up to that many splits a thread (64 splits at
+hd128) the merge waits out one round of memory latency. The first version found the largest LSE first (a
+round of LSE loads and a CTA barrier before the partials' loads), and before it a thread
+walked every split of its columns (a chain of dependent loads as long as the split count;
+docs/decode.md).
 """
 
 import cuda.bindings.driver as cuda
@@ -22,10 +25,60 @@ from attnlab.kernels.abi import CombineArgs, CombineSpec
 from attnlab.kernels.common.base import shared_storage
 from attnlab.kernels.common.tensors import element_type
 
-THREADS = 128
-WARPS = THREADS // 32
+THREADS = 256
 VEC = 4
-SPLITS_UNROLL = 8
+SPLITS_BATCH = 8
+
+
+@cute.jit
+def merge_splits(partial_out: cute.Tensor, partial_lse: cute.Tensor, where: tuple, col,
+                 first, stop, step, batch: cutlass.Constexpr, acc: cute.Tensor) -> tuple:
+    """Merge splits ``first, first + step, ... < stop`` of one row's ``VEC`` columns from
+    ``col`` (``where``: the row's batch, the batch size, its position and head; split ``s``'s
+    partial is batch row ``s * batch_size + batch``) in one pass: ``acc`` gets ``sum_s
+    exp(lse_s - top) O_s``; returns ``(top, total)``, the largest LSE and ``sum_s exp(lse_s -
+    top)`` (-inf and 0 where no split saw a key).
+
+    The splits come ``batch`` at a time, every load of a batch issued before any sum: a split
+    past ``stop`` reads the batch's first split again and weighs 0, so the loads need no
+    branch, and a split's addresses are the first split's plus a multiple of one split's
+    stride (a loop that checked its bound after each split, or indexed each split afresh,
+    waited out a memory latency a split: ptxas put the sums between the loads)."""
+    b, batch_size, pos, head = where
+    lse_at = cute.crd2idx((b, head, pos), partial_lse.layout)
+    lse_step = cute.crd2idx((batch_size, 0, 0), partial_lse.layout)
+    out_at = cute.crd2idx((b, pos, head, col), partial_out.layout)
+    out_step = cute.crd2idx((batch_size, 0, 0, 0), partial_out.layout)
+    top = -cutlass.Float32.inf
+    total = cutlass.Float32(0.0)
+    acc.fill(0.0)
+    for s0 in cutlass.range(first, stop, step * batch, unroll=1):
+        loaded = []
+        for u in cutlass.range_constexpr(batch):
+            ahead = u * step if s0 + u * step < stop else 0
+            lse = cute.make_tensor(partial_lse.iterator + (lse_at + (s0 + ahead) * lse_step),
+                                   cute.make_layout(1))
+            vector = cute.make_ptr(partial_out.element_type,
+                                   (partial_out.iterator + (out_at + (s0 + ahead) * out_step)
+                                    ).toint(), cute.AddressSpace.gmem, assumed_align=16)
+            part = cute.make_tensor(vector, cute.make_layout(VEC)).load()
+            loaded.append((lse[0], part))
+        lses = []
+        new_top = top
+        for u in cutlass.range_constexpr(batch):
+            lse_s = -cutlass.Float32.inf if s0 + u * step >= stop else loaded[u][0]
+            lses.append(lse_s)
+            new_top = cute.arch.fmax(new_top, lse_s)
+        safe = cutlass.Float32(0.0) if new_top == -cutlass.Float32.inf else new_top
+        rescale = cute.math.exp(top - safe, fastmath=True)
+        total = total * rescale
+        acc.store(acc.load() * rescale)
+        for u in cutlass.range_constexpr(batch):
+            weight = cute.math.exp(lses[u] - safe, fastmath=True)
+            total = total + weight
+            acc.store(acc.load() + loaded[u][1] * weight)
+        top = new_top
+    return top, total
 
 
 class DecodeCombine:
@@ -36,7 +89,7 @@ class DecodeCombine:
         self.head_dim = spec.head_dim
         self.per_row = spec.head_dim // VEC
         #: Thread groups sharing a row's splits; the threads past ``groups * per_row`` idle
-        #: (hd96: 120 of 128 work).
+        #: (hd96: 240 of 256 work).
         self.groups = THREADS // self.per_row
         self.working = self.groups * self.per_row
         #: Launched early behind the split decoding (``decode.py``'s PDL, sm_90).
@@ -49,7 +102,7 @@ class DecodeCombine:
         t = CombineArgs(partial_out, partial_lse, out, lse, num_splits)
         rows = out.shape[0] * out.shape[1] * out.shape[2]
         SharedStorage = shared_storage({
-            "top": cute.struct.MemRange[cutlass.Float32, WARPS],
+            "top": cute.struct.MemRange[cutlass.Float32, self.groups],
             "total": cute.struct.MemRange[cutlass.Float32, self.groups],
             "acc": cute.struct.MemRange[cutlass.Float32, THREADS * VEC]})
         self.kernel(t, SharedStorage).launch(grid=[rows, 1, 1], block=[THREADS, 1, 1],
@@ -64,48 +117,38 @@ class DecodeCombine:
         index, _, _ = cute.arch.block_idx()
         batch_size, seqlen_q, heads = t.out.shape[0], t.out.shape[1], t.out.shape[2]
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        tops = storage.top.get_tensor(cute.make_layout(WARPS))
         batch = index // (heads * seqlen_q)
         head, pos = index % heads, (index // heads) % seqlen_q
-        top = -cutlass.Float32.inf
-        for i in cutlass.range(tidx, t.num_splits, THREADS, unroll=1):
-            top = cute.arch.fmax(top, t.partial_lse[i * batch_size + batch, head, pos])
-        top = cute.arch.warp_reduction_max(top)
-        if tidx % 32 == 0:
-            tops[tidx // 32] = top
-        cute.arch.sync_threads()
-        for w in cutlass.range_constexpr(WARPS):
-            top = cute.arch.fmax(top, tops[w])
-        safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
-        # This thread's group sums splits first, first + groups, ...: unrolled, as the
-        # splits' loads are independent. An idle thread's share starts past the last split.
+        # This thread's group merges splits first, first + groups, ...; an idle thread's
+        # share starts past the last split.
         first = tidx // self.per_row if tidx < self.working else t.num_splits
         col = tidx % self.per_row * VEC
-        total = cutlass.Float32(0.0)
         acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-        acc.fill(0.0)
-        for i in cutlass.range(first, t.num_splits, self.groups, unroll=SPLITS_UNROLL):
-            split_row = i * batch_size + batch
-            weight = cute.math.exp(t.partial_lse[split_row, head, pos] - safe_top,
-                                   fastmath=True)
-            total = total + weight
-            part = cute.local_tile(t.partial_out[split_row, pos, head, None], (VEC,),
-                                   (col // VEC,)).load()
-            acc.store(acc.load() + part * weight)
+        top, total = merge_splits(t.partial_out, t.partial_lse, (batch, batch_size, pos, head),
+                                  col, first, t.num_splits, self.groups, SPLITS_BATCH, acc)
+        tops = storage.top.get_tensor(cute.make_layout(self.groups))
         totals = storage.total.get_tensor(cute.make_layout(self.groups))
         sums = storage.acc.get_tensor(cute.make_layout((VEC, THREADS)))
         for j in cutlass.range_constexpr(VEC):
             sums[j, tidx] = acc[j]
         if col == 0 and tidx < self.working:
+            tops[tidx // self.per_row] = top
             totals[tidx // self.per_row] = total
         cute.arch.sync_threads()
         if tidx < self.per_row:
-            for g in cutlass.range_constexpr(1, self.groups):
-                total = total + totals[g]
+            best = -cutlass.Float32.inf
+            for g in cutlass.range_constexpr(self.groups):
+                best = cute.arch.fmax(best, tops[g])
+            safe = cutlass.Float32(0.0) if best == -cutlass.Float32.inf else best
+            total = cutlass.Float32(0.0)
+            acc.fill(0.0)
+            for g in cutlass.range_constexpr(self.groups):
+                weight = cute.math.exp(tops[g] - safe, fastmath=True)
+                total = total + totals[g] * weight
                 for j in cutlass.range_constexpr(VEC):
-                    acc[j] = acc[j] + sums[j, g * self.per_row + tidx]
+                    acc[j] = acc[j] + sums[j, g * self.per_row + tidx] * weight
             inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
             dst = cute.local_tile(t.out[batch, pos, head, None], (VEC,), (col // VEC,))
             dst.store((acc.load() * inverse).to(self.dtype))
             if col == 0:
-                t.lse[batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
+                t.lse[batch, head, pos] = safe + cute.math.log(total, fastmath=True)
