@@ -7,14 +7,13 @@ and weighs 0; a row no split saw gets O = 0 and LSE = -inf, as the undivided ker
 Each thread takes 4 consecutive elements of a row (16-byte loads of each partial).
 
 A CTA merges one row: ``groups = THREADS / (head_dim / 4)`` thread groups each merge a share
-of the splits in one pass (``merge_splits``: the running sums are rescaled whenever the
-largest LSE so far grows, so no load waits for a maximum), and the groups' sums meet in shared
-memory, rescaled to the largest group maximum. A thread issues the loads of
-``SPLITS_BATCH`` splits before it sums any: with up to that many splits a thread (64 splits at
-hd128) the merge waits out one round of memory latency. The first version found the largest LSE first (a
-round of LSE loads and a CTA barrier before the partials' loads), and before it a thread
-walked every split of its columns (a chain of dependent loads as long as the split count;
-docs/decode.md).
+of the splits in one pass (``merge_splits``: a batch of splits loaded, then summed against
+the largest LSE so far), and the groups' sums meet in shared memory, rescaled to the largest
+group maximum. With up to ``SPLITS_BATCH`` splits a thread (64 splits at hd128) the merge
+waits out two rounds of memory latency (the LSEs, then the vectors ptxas issues after their
+maximum). The first version found the largest LSE first (a round of LSE loads and a CTA
+barrier), then summed in a loop that checked its bound after every split: one round a split;
+before that a thread walked every split of its columns (docs/decode.md).
 """
 
 import cuda.bindings.driver as cuda
