@@ -11,7 +11,8 @@ the split decoding alone against it followed by the combine, at the default and 
 split count (what the merge costs). ``--merge``: instead, the combine kernel against the
 serial merge (the last split merges) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
-contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page).
+contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page,
+shuffled) and on a copy whose pages are in order.
 ``--tma``: instead, K/V by TMA boxes (``DecodeSpec.tma_rows``, sm_90a) against the row
 gathers, contiguous and paged, at the call's split counts, device only and end to end.
 Results go to OUT/decode_candidates.json.
@@ -127,6 +128,11 @@ def main() -> None:
             for paged in (False, True):
                 variants["paged" if paged else "contiguous"] = runner(
                     point, sets, paged, auto_for[paged], stages, kpw)
+            # The same pages in order: what the pages' scatter costs, apart from the walk's
+            # page lookups.
+            in_order = decode_sets(point, info.l2_bytes, paged=True, shuffled=False)
+            variants["paged in order"] = runner(point, in_order, True, auto_for[True], stages,
+                                                kpw)
         if args.tma:
             for paged in (False, True):
                 layout = "paged" if paged else "contiguous"

@@ -36,9 +36,11 @@ def kv_bytes(point: Point) -> int:
     return 2 * point.batch * point.seqlen_k * point.kv_heads * point.head_dim * 2
 
 
-def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0) -> list[tuple]:
+def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0,
+                shuffled: bool = True) -> list[tuple]:
     """Input sets ``(q, k, v, k_pages, v_pages, block_table, seqlens)``, as many as overflow
-    L2 together (at least one)."""
+    L2 together (at least one); the pages in shuffled order, or (``shuffled`` off) each
+    sequence's in order, one after another."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = point.torch_dtype
     sets = []
@@ -51,7 +53,8 @@ def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0) -> list
         pages = table = None
         if paged:
             per_seq = -(-point.seqlen_k // PAGE_SIZE)
-            order = torch.randperm(point.batch * per_seq, device="cuda", generator=gen)
+            order = (torch.randperm(point.batch * per_seq, device="cuda", generator=gen)
+                     if shuffled else torch.arange(point.batch * per_seq, device="cuda"))
             table = order.view(point.batch, per_seq).to(torch.int32)
             pages = []
             for x in (k, v):
