@@ -12,7 +12,8 @@ split count (what the merge costs). ``--merge``: instead, the combine kernel aga
 serial merge (the last split merges) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page,
-shuffled) and on a copy whose pages are in order.
+shuffled), on a copy whose pages are in order, and (at half a wave) on the paged copy at
+the split count a GPU on the other side of ``decode.PAGED_WHOLE_DRAM_PER_SM`` would take.
 ``--tma``: instead, K/V by TMA boxes (``DecodeSpec.tma_rows``, sm_90a) against the row
 gathers, contiguous and paged, at the call's split counts, device only and end to end.
 Results go to OUT/decode_candidates.json.
@@ -108,9 +109,13 @@ def main() -> None:
         kpw, stages = decode_tile(point.head_dim, info.arch)
         tiles = math.ceil(point.heads // point.kv_heads / 16)
         blocks = math.ceil(point.seqlen_k / (kpw * DECODE_WARPS))
-        # The call's split count, contiguous and paged (a paged cache keeps two at half a wave).
-        auto_for = {paged: choose_splits(tiles * point.batch * point.kv_heads, blocks,
-                                         info.multiprocessors, paged) for paged in (False, True)}
+        # The call's split count, contiguous and paged (a paged cache keeps two at half a
+        # wave where the DRAM is fast for its SMs), and what the paged rule gives either way.
+        ctas = tiles * point.batch * point.kv_heads
+        auto_for = {paged: choose_splits(ctas, blocks, info.multiprocessors, paged,
+                                         info.dram_bytes_per_s) for paged in (False, True)}
+        paged_either = {choose_splits(ctas, blocks, info.multiprocessors, True, dram)
+                        for dram in (0.0, math.inf)}
         auto = auto_for[False]
         variants = {}
         if args.combine:
@@ -133,6 +138,10 @@ def main() -> None:
             in_order = decode_sets(point, info.l2_bytes, paged=True, shuffled=False)
             variants["paged in order"] = runner(point, in_order, True, auto_for[True], stages,
                                                 kpw)
+            for splits in sorted(paged_either - {auto_for[True]}):
+                # The paged cache at the split count of the GPUs on the rule's other side.
+                variants[f"paged splits={splits}"] = runner(point, sets, True, splits, stages,
+                                                            kpw)
         if args.tma:
             for paged in (False, True):
                 layout = "paged" if paged else "contiguous"

@@ -49,15 +49,17 @@ def parts(q, k, v, seqlens, table) -> dict[str, float]:
     partial_lse = torch.empty((call.splits * batch, heads_q, seqlen_q), dtype=torch.float32,
                               device=q.device)
     merged = (out, lse, call.scratch(q)[-1]) if call.serial else (None, None, None)
+    # An unsplit call writes the output itself.
+    written = (partial_out, partial_lse) if call.splits > 1 else (out, lse)
     pieces = {
         **whole,
         "signature lookup": lambda i: decode._lookup(
             q, k, v, None, None, seqlens, None, table, None, (None, False, (-1, -1), 0)),
         "output allocation": lambda i: torch.empty_like(q, memory_format=torch.contiguous_format),
         "scratch lookup": lambda i: call.scratch(q),
-        "decode launch": lambda i: call.decode(q, k, v, seqlens, None, table, partial_out,
-                                               partial_lse, call.scale, call.left, call.right,
-                                               call.splits, *merged),
+        "decode launch": lambda i: call.decode(q, k, v, seqlens, None, table, *written,
+                                               call.scale, call.left, call.right, call.splits,
+                                               *merged),
     }
     if table is None:
         sdpa_q, sdpa_k, sdpa_v = (t.transpose(1, 2) for t in (q, k, v))

@@ -50,7 +50,9 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
     assert choose_splits(8, 256, 132) == 16      # B=1, 8 K/V heads: 128 CTAs, one wave
     assert choose_splits(64, 256, 132) == 2      # not 3: 192 CTAs would take two waves
     assert choose_splits(64, 32, 132) == 1       # half a wave, a short walk: no partials
-    assert choose_splits(64, 32, 132, paged=True) == 2  # ... but a paged walk keeps two
+    h100, h200 = 3.35e12, 4.81e12                # nominal DRAM bytes a second
+    assert choose_splits(64, 32, 132, True, h100) == 1  # a paged walk too where DRAM is slow
+    assert choose_splits(64, 32, 132, True, h200) == 2  # ... for its SMs, else it keeps two
     assert choose_splits(32, 32, 132) == 4       # a short walk on a quarter wave still splits
     assert choose_splits(512, 256, 132) == 1     # the grid already fills the GPU
     assert choose_splits(8, 4, 132) == 2         # two K/V blocks a split at least

@@ -349,7 +349,9 @@ def test_combine_merges_partials_by_their_lses(head_dim, splits):
 
 
 def poison_past_lengths(k_cache, v_cache, table, lengths):
-    """NaN in every cache slot no sequence reads: past each length, and unused pages."""
+    """NaN in every cache slot no sequence reads: past each length, and unused pages; and
+    the table's entries past a sequence's pages point far outside the cache (a kernel may
+    read them, never follow them)."""
     if table is None:
         for b, length in enumerate(lengths):
             k_cache[b, length:] = math.nan
@@ -365,6 +367,8 @@ def poison_past_lengths(k_cache, v_cache, table, lengths):
             v_cache[page, first:] = math.nan
     k_cache[unused] = math.nan
     v_cache[unused] = math.nan
+    for b, length in enumerate(lengths):
+        table[b, -(-length // page_size):] = 2**30
 
 
 # (batch, Sq, Hq, Hkv, D, page_size, window): contiguous (a 1500-key cache: its last block

@@ -54,10 +54,16 @@ CTAS_PER_SM = 1
 #: cache's K/V range whole up to this many K/V blocks: at 4k keys (32 blocks of 128) one split
 #: read 2.8-4.4 % (H100) and 0.3-1.3 % (H200) faster on the device and 1.5-5.9 % end to end,
 #: the partials and the combine's launch outweighing the second wave of streams; at 32k keys
-#: two splits stay (even on the H100, +5 % on the H200). A paged cache keeps its two splits:
-#: unsplit it read 0.834 / 0.843 of the contiguous cache (8 x 4k GQA, 64 x 4k MQA, H200), its
-#: page lookups wanting the second wave's CTAs (thirty-fifth session, docs/decode.md).
+#: two splits stay (even on the H100, +5 % on the H200). A paged cache's too, where the DRAM
+#: brings each SM at most ``PAGED_WHOLE_DRAM_PER_SM`` (thirty-fifth and fortieth sessions,
+#: docs/decode.md).
 UNSPLIT_HALF_WAVE_BLOCKS = 32
+#: Nominal DRAM bytes a second per SM up to which a paged cache's short walk on half a wave
+#: stays whole (``UNSPLIT_HALF_WAVE_BLOCKS``). A paged CTA streams less than a contiguous one
+#: (its per-row page lookups), so where the DRAM outruns half the SMs' CTAs the second wave
+#: wins: an H100 SXM (25 GB/s an SM) read 64 x 4k MQA and 8 x 4k GQA 2-3 % faster unsplit, an
+#: H200 (36 GB/s an SM) 9-13 % faster in two splits (fortieth session).
+PAGED_WHOLE_DRAM_PER_SM = 30e9
 #: K/V blocks a split walks at least: B = 1 x 4k MQA (32 blocks) read 9 % (H100) and 5 %
 #: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
 #: partial and its share of the merge costing about as much as a block's load.
@@ -109,17 +115,19 @@ def tma_rows(arch: str, block_n: int, page_size: int | None,
     return page_size if block_n % page_size == 0 and page_size % 8 == 0 else 0
 
 
-def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int, paged: bool = False) -> int:
+def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int, paged: bool = False,
+                  dram_bytes_per_s: float = 0.0) -> int:
     """Splits per K/V range so that up to ``CTAS_PER_SM`` CTAs per SM run in one wave: none
     when the (query tile, sequence, K/V head) grid already fills the GPU, and none for a short
-    walk of a contiguous cache (not ``paged``) on a grid of half a wave or more
-    (``UNSPLIT_HALF_WAVE_BLOCKS``); at least ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded
-    down: 17 splits of 8 CTAs are 136 CTAs on 132 SMs, a second wave of 4 that doubles the
-    time."""
+    walk on a grid of half a wave or more (``UNSPLIT_HALF_WAVE_BLOCKS``; a ``paged`` one only
+    where ``dram_bytes_per_s``, the device's, is at most ``PAGED_WHOLE_DRAM_PER_SM`` an SM);
+    at least ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded down: 17 splits of 8 CTAs are
+    136 CTAs on 132 SMs, a second wave of 4 that doubles the time."""
     if ctas <= 0 or ctas >= multiprocessors:
         return 1
     wanted = CTAS_PER_SM * multiprocessors // ctas
-    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS and not paged:
+    whole = not paged or dram_bytes_per_s <= PAGED_WHOLE_DRAM_PER_SM * multiprocessors
+    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS and whole:
         return 1
     return max(1, min(wanted, kv_blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
 
@@ -310,7 +318,8 @@ class _DecodeCall:
         tiles = math.ceil(seqlen_q * (heads_q // heads_kv) / 16)
         kv_blocks = math.ceil(self.capacity / (keys_per_warp * DECODE_WARPS))
         self.splits = num_splits or choose_splits(tiles * batch * heads_kv, kv_blocks,
-                                                  info.multiprocessors, paged)
+                                                  info.multiprocessors, paged,
+                                                  info.dram_bytes_per_s)
         dtype = str(q.dtype).removeprefix("torch.")
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))

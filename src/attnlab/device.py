@@ -30,6 +30,9 @@ class DeviceInfo:
     arch: str
     multiprocessors: int
     l2_bytes: int
+    #: The DRAM's nominal bandwidth (two transfers a memory clock over the bus width; 0 where
+    #: torch does not report them), what the decoding's split choice weighs per SM.
+    dram_bytes_per_s: float = 0.0
 
 
 def _index(device: torch.device | int | None) -> int:
@@ -69,8 +72,10 @@ def info(device: torch.device | int | None = None) -> DeviceInfo:
 def _info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     capability = (props.major, props.minor)
+    dram = (2 * getattr(props, "memory_bus_width", 0) / 8
+            * getattr(props, "memory_clock_rate", 0) * 1e3)
     return DeviceInfo(index, props.name, capability, arch_for(capability, props.name),
-                      props.multi_processor_count, props.L2_cache_size)
+                      props.multi_processor_count, props.L2_cache_size, dram)
 
 
 def arch_for(capability: tuple[int, int], name: str = "this GPU") -> str:
