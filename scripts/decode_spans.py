@@ -7,7 +7,8 @@ For B = 1 and 8 at 4k keys, GQA 32/8 and MQA 8/1 (or ``--points``), hd128 bf16, 
 --decode``'s inputs (its input sets in rotation): the bench's end-to-end microseconds per
 call (``bench.timing.sample_back_to_back``), then ``--calls`` back-to-back calls under
 torch.profiler (CUDA activity): the host's enqueue time per call while profiled, and from
-the kernel timeline each call's period, busy and idle time (``analysis.timeline``).
+the kernel timeline each call's period, busy and idle time (``analysis.timeline``) and each
+of its kernels' duration and start after the kernel before.
 Prints a table, writes OUT/decode_spans.json.
 """
 
@@ -66,11 +67,22 @@ def measure(point: Point, paged: bool, calls: int, l2_bytes: int) -> dict:
             call(i)
         enqueue_us = (time.perf_counter() - start) / calls * 1e6
         torch.cuda.synchronize()
-    kernels = kernel_intervals(prof)
+    kernels = sorted(kernel_intervals(prof))
+    per_call = len(kernels) // calls
+    # Each of a call's kernels (in launch order): its median duration, and its start after
+    # the previous kernel's end (negative: launched early and overlapping it, PDL).
+    parts = {}
+    for i in range(per_call):
+        mine = kernels[i::per_call]
+        parts[f"kernel{i}_us"] = statistics.median(end - start for start, end in mine)
+        if i:
+            earlier = kernels[i - 1::per_call]
+            parts[f"kernel{i}_after_us"] = statistics.median(
+                start - before[1] for (start, _), before in zip(mine, earlier, strict=False))
     return {"point": f"{point.label()} {name}", "sets": len(sets),
             "end_to_end_us": statistics.median(end_to_end) * 1e3,
             "profiled_enqueue_us": enqueue_us, "kernels_per_call": len(kernels) / calls,
-            **call_spans(kernels, len(kernels) // calls).to_dict()}
+            **call_spans(kernels, per_call).to_dict(), **parts}
 
 
 def main() -> None:
