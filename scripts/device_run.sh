@@ -33,6 +33,10 @@
 #            source tree in .ab/REV (git archive REV src | tar -x -C .ab/REV, carried) and with
 #            this one, each in its own process and kernel cache, twice (scripts/ab_forward.py)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
+#   gemmcand the GEMM and conv GPU tests, then scripts/gemm_candidates.py with ARGS
+#            (e.g. --shapes 512x512x4096 --tiles 64x64x128 --splits 1,2)
+#   gemmpeer what cuBLAS runs beside ours at one shape (kernel names, torch profiler), then ncu
+#            of one launch of each: L2 sectors asked by the SMs, bytes delivered, cluster size
 #   gemmhost where a GEMM call's host time goes (scripts/gemm_host.py: matmul per split mode,
 #            int8_matmul, their peers and the calls' parts)
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
@@ -175,6 +179,23 @@ PY
   narrow)
     python3 scripts/sm90_candidates.py --head-dims 32,64,96 --masks causal --seqlen 4096 \
       --runs 15 --out "$OUT/narrow" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  gemmcand)
+    python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gemm_gpu.py tests/test_conv_gpu.py \
+      2>&1 | tee -a "$log" | tail -5
+    python3 scripts/gemm_candidates.py --out "$OUT/cand" "${@:2}" 2>&1 | grep -v Warning \
+      | tee -a "$log"
+    ;;
+  gemmpeer)
+    shape=${2:-512,512,4096}
+    python3 scripts/gemm_peer_probe.py --shape "$shape" 2>&1 | grep -v Warning | tee -a "$log"
+    ncu --clock-control none --section LaunchStats --metrics \
+gpu__time_duration.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,\
+l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_sectors_srcunit_ltcfabric.sum,lts__t_sectors.sum,\
+sm__cycles_active.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+      -c 6 python3 scripts/gemm_peer_probe.py --shape "$shape" --calls 1 > "$OUT/gemmpeer-ncu.txt" 2>&1
+    grep -E "^  [a-zA-Z_]|Cluster|Grid Size|Block Size|gpu__time|lts__|l1tex__|sm__" \
+      "$OUT/gemmpeer-ncu.txt" | grep -v "^    ---" | tee -a "$log" | tail -80
     ;;
   gemmhost)
     python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"

@@ -2,6 +2,7 @@
 should pick (``python3 scripts/gemm_candidates.py --out DIR``)."""
 
 import argparse
+import ast
 import json
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def main() -> None:
     parser.add_argument("--tiles", default=",".join(f"{m}x{n}" for m, n in TILES),
                         help="BMxBN or BMxBNxBK tiles, comma-separated")
     parser.add_argument("--splits", default="1,2,4,8,16")
+    parser.add_argument("--also", default="",
+                        help="KNOB=VALUE (a GemmConfig field, e.g. pdl=False): each candidate "
+                             "also with it")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -33,11 +37,15 @@ def main() -> None:
     tiles = tuple(tuple(int(x) for x in t.split("x")) for t in args.tiles.split(","))
     counts = tuple(int(x) for x in args.splits.split(","))
     configs = split_configs(tiles, counts, tuple(args.modes.split(",")))
+    if args.also:
+        knob, value = args.also.split("=")
+        configs |= {f"{name} {args.also}": cfg.replace(**{knob: ast.literal_eval(value)})
+                    for name, cfg in configs.items()}
     results = measure_gemm(points, gemm_impls(configs), info.l2_bytes, runs=20)
     rows = [r.to_dict() for r in results]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gemm_candidates.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(best_lines(results, points, "cublas")))
+    print("\n".join(best_lines(results, points, "cublas", top=len(configs) + 1)))
 
 
 if __name__ == "__main__":

@@ -173,6 +173,8 @@ def test_kernels_cross_compile_without_spills(spec):
     # One stage's k-steps, at the loop's two issue points (the peeled first K tile).
     assert ops["IGMMA" if int8 else "HGMMA"] == 2 * mma_steps, ops
     assert ops["UTMALDG"] >= 2
+    # Programmatic dependent launch (GemmConfig.pdl): one early trigger, one wait.
+    assert ops["PREEXIT"] == 1 and ops["ACQBULK"] == 1, ops
     store = "UTMAREDG" if spec.split == "atomic" else "UTMASTG"
     assert ops[store] >= 1, ops
     if int8:

@@ -83,6 +83,11 @@ class GemmConfig:
             their stages; a consumer thread reads its words with one shared-memory load) or
             ``"global"`` (each consumer thread loads its words from global memory, one K tile
             ahead).
+        pdl: launch with programmatic dependent launch: each CTA lets the stream's next
+            kernel launch as soon as it starts, and the kernel's CTAs set up (shared memory,
+            barriers, registers) while the stream's previous kernel finishes, waiting for it
+            (``griddepcontrol.wait``) before their first global access. A small GEMM leaves
+            SMs idle, where the next call's CTAs can wait.
     """
 
     block_m: int = 128
@@ -94,6 +99,7 @@ class GemmConfig:
     split_k: int = 1
     split_mode: SplitMode = "workspace"
     sparse_meta: SparseMeta = "tma"
+    pdl: bool = True
 
     def __post_init__(self):
         if self.block_m not in BLOCK_MS:
@@ -279,8 +285,9 @@ class GemmConfig:
         clustered = self.split_mode == "cluster" and self.split_k > 1
         grid = "persistent" if self.persistent and not clustered else "grid"
         meta = "" if self.sparse_meta == "tma" else f" meta-{self.sparse_meta}"
+        pdl = "" if self.pdl else " no-pdl"
         return (f"{self.block_m}x{self.block_n}x{self.block_k} s{stages} "
-                f"g{self.raster_group} {grid}{split}{meta}")
+                f"g{self.raster_group} {grid}{split}{meta}{pdl}")
 
 
 MmaSwizzle = Literal["none", "xor", "pad8"]

@@ -155,7 +155,7 @@ class HgemmSm90(GemmKernel):
                     sA_layout, sB_layout, sC_layout, SharedStorage, m_tiles, n_tiles, k_tiles,
                     t.num_splits, c).launch(
             grid=[t.num_ctas, 1, 1], block=[cfg.num_threads, 1, 1], cluster=cluster,
-            stream=stream, min_blocks_per_mp=1)
+            stream=stream, min_blocks_per_mp=1, use_pdl=cfg.pdl)
 
     def _a_operand(self, a: cute.Tensor, a_stage) -> tuple:
         """A's TMA atom and coordinates (tiled by ``a_tiler``), the rows of C and the K
@@ -230,6 +230,10 @@ class HgemmSm90(GemmKernel):
                SharedStorage: cutlass.Constexpr, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, k_tiles: cutlass.Int32, num_splits: cutlass.Int32,
                c: cute.Tensor):
+        if cutlass.const_expr(self.cfg.pdl):
+            # The next kernel may launch now: it waits for this grid's end before its first
+            # global access, and meanwhile sets up on the SMs this grid leaves idle.
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -252,6 +256,10 @@ class HgemmSm90(GemmKernel):
                          words_ring)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.cfg.pdl):
+            # Launched before the stream's previous kernel ended: nothing it writes (A, B,
+            # the split-K partials and counters) is read, nor C written, before it has.
+            cute.arch.griddepcontrol_wait()
 
         walk = (m_tiles, n_tiles, k_tiles, num_splits)
         if warp_idx // 4 == 0:
