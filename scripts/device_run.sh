@@ -37,6 +37,8 @@
 #            (e.g. --shapes 512x512x4096 --tiles 64x64x128 --splits 1,2)
 #   gemmpeer what cuBLAS runs beside ours at one shape (kernel names, torch profiler), then ncu
 #            of one launch of each: L2 sectors asked by the SMs, bytes delivered, cluster size
+#   ffiargs  what a TVM-FFI launch's tensor arguments cost on the host against 64-bit
+#            addresses (scripts/ffi_args_probe.py), then gemmhost
 #   gemmhost where a GEMM call's host time goes (scripts/gemm_host.py: matmul per split mode,
 #            int8_matmul, their peers and the calls' parts)
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
@@ -196,6 +198,10 @@ sm__cycles_active.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sust
       -c 6 python3 scripts/gemm_peer_probe.py --shape "$shape" --calls 1 > "$OUT/gemmpeer-ncu.txt" 2>&1
     grep -E "^  [a-zA-Z_]|Cluster|Grid Size|Block Size|gpu__time|lts__|l1tex__|sm__" \
       "$OUT/gemmpeer-ncu.txt" | grep -v "^    ---" | tee -a "$log" | tail -80
+    ;;
+  ffiargs)
+    python3 scripts/ffi_args_probe.py --out "$OUT/ffiargs" 2>&1 | grep -v Warning | tee -a "$log"
+    python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
   gemmhost)
     python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"
