@@ -126,6 +126,27 @@ def test_back_to_back_calls_each_read_the_previous_output(cfg):
     assert torch.isfinite(x).all() and err < 2 * TOLERANCE[torch.bfloat16], err
 
 
+def test_captured_chain_replays_with_fresh_inputs():
+    """Two dependent products captured in a CUDA graph (their PDL launches become the graph's
+    programmatic edges) replay on new inputs as eager calls compute them."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w1, w2 = (torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+              / 512 ** 0.5 for _ in range(2))
+    matmul(matmul(x, w1), w2)  # the call signatures built before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul(matmul(x, w1), w2)
+    for seed in (1, 2):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen.manual_seed(seed)))
+        y.fill_(float("nan"))
+        graph.replay()
+        want = matmul(matmul(x, w1), w2)
+        torch.cuda.synchronize()
+        assert torch.isfinite(y).all() and torch.equal(y, want)
+
+
 @settings(max_examples=20, deadline=None)
 @given(m=st.integers(1, 700), n8=st.integers(1, 90), k8=st.integers(1, 200),
        b_major=st.sampled_from(["n", "k"]))
