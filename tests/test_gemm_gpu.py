@@ -118,6 +118,7 @@ def test_back_to_back_calls_each_read_the_previous_output(cfg):
                / 512 ** 0.5 for _ in range(6)]
     x = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
     ref = x.double()
+    poison_allocator(384 * 512)
     torch.cuda.synchronize()
     for w in weights:
         x = matmul(x, w, config=cfg)
