@@ -43,8 +43,9 @@
 #            int8_matmul, their peers and the calls' parts)
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
 #            against FA2, cuDNN and FA4, bf16 and fp16, beside the backward in the other GEMM order
-#   dectma   the decoding GPU tests (the TMA boxes' too), then K/V by TMA boxes against the
-#            row gathers, contiguous and paged (scripts/decode_candidates.py --tma)
+#   deccand ARGS  the decoding GPU tests, then scripts/decode_candidates.py ARGS (e.g. --tma:
+#            K/V by TMA boxes against the row gathers; --prefetch: blocks asked into L2
+#            before the PDL wait)
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA, contiguous
 #            and paged)
@@ -206,11 +207,11 @@ sm__cycles_active.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sust
   gemmhost)
     python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"
     ;;
-  dectma)
+  deccand)
     python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_decode_gpu.py 2>&1 \
       | tee -a "$log" | tail -5
-    python3 scripts/decode_candidates.py --tma --out "$OUT/dectma" 2>&1 | grep -v Warning \
-      | tee -a "$log"
+    python3 scripts/decode_candidates.py --out "$OUT/deccand" "${@:2}" 2>&1 \
+      | grep -v Warning | tee -a "$log"
     ;;
   dechost)
     python3 scripts/decode_host.py --out "$OUT/dechost" 2>&1 | grep -v Warning | tee -a "$log"
