@@ -44,8 +44,7 @@
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
 #            against FA2, cuDNN and FA4, bf16 and fp16, beside the backward in the other GEMM order
 #   deccand ARGS  the decoding GPU tests, then scripts/decode_candidates.py ARGS (e.g. --tma:
-#            K/V by TMA boxes against the row gathers; --prefetch: blocks asked into L2
-#            before the PDL wait)
+#            K/V by TMA boxes against the row gathers; --paged, --combine, --merge)
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
 #            flash, and the call's parts at B = 1 and 8 x 4k keys, GQA and MQA, contiguous
 #            and paged)
