@@ -78,8 +78,8 @@ for _head_dim in (128, 192, 256):
 for _head_dim in (32, 64, 96, 128, 192):
     VARIANTS[_head_dim]["rescale"] = {"rescale_o_before_pv": True}
 VARIANTS[64]["kv4"] = {"kv_stages": 4}
-#: FA4's two K/V stages at hd64 (forty-second session: its CTAs' requests meet more often in
-#: the L2 request coalescer, docs/ladder.md).
+#: FA4's two K/V stages at hd64, whose CTAs' requests meet more often in the L2 request
+#: coalescer (forty-second session: even with three, docs/ladder.md).
 VARIANTS[64]["kv2"] = {"kv_stages": 2}
 #: Below 4k masked queries, the tile of the long masked ones (the three-warpgroup tiles measured
 #: 0.81x at seq 1k in the thirteenth session, before the R2P mask and the rescale first), in
