@@ -27,6 +27,17 @@
 #            and hd128, plain and causal, 4k and 16k, bf16 and fp16, device only and end
 #            to end (scripts/sm90_candidates.py), then under the power cap at hd64 and hd128
 #            plain 16k (scripts/power_probe.py --candidates)
+#   cluster [ARGS]  K and V multicast to clusters of two CTAs (cluster_m): its GPU tests (a
+#            hung kernel is cut at 300 s; nothing more runs unless they pass), then against the
+#            default (the default's walk with and without them, whichever is not the
+#            default) at hd64/128/256 plain 4k-16k, bf16 and fp16 (scripts/sm90_candidates.py;
+#            ARGS go to it, e.g. --seqlen 2048,16384 --runs 20), then under the power cap at
+#            plain 16k (scripts/power_probe.py --candidates), hd128 and hd64 or the head dims
+#            of CLUSTER_POWER (e.g. "128 256")
+#   clusterprof  ncu of one launch each at plain 16k (hd128, then hd64): the default's walk
+#            with one CTA a row block and in clusters of two (cluster_m), FA4 beside: kernel
+#            time, L2 sectors the SMs asked for, what the L2 request coalescer looked up and
+#            delivered, bytes into the SMs
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
 #   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
@@ -176,6 +187,50 @@ PY
     for c in 64,plain,16384,lazy 128,plain,16384,lazy; do
       python3 scripts/power_probe.py --candidates "$c" --rounds 2 --seconds 1.5 \
         --out "$OUT/lazy-power-${c%%,*}" 2>&1 | grep -v "Warning\|exe_args\|^ " | tee -a "$log"
+    done
+    ;;
+  cluster)
+    # A kernel that hangs in its tests would hang the timings too: those run only on a pass.
+    timeout -k 10 300 python3 -m pytest -q -p no:cacheprovider -n 6 tests/test_features_gpu.py \
+      -k cluster_multicast 2>&1 | tee -a "$log" | tail -3 || exit 1
+    python3 scripts/sm90_candidates.py --head-dims 64,128,256 --masks plain \
+      --seqlen 4096,8192,16384 --tokens 16384 --dtypes bfloat16,float16 \
+      --variants cluster,no_cluster \
+      --runs 15 --out "$OUT/cluster" "${@:2}" 2>&1 | grep -v Warning | tee -a "$log"
+    for hd in ${CLUSTER_POWER:-128 64}; do
+      python3 scripts/power_probe.py --candidates "$hd,plain,16384,cluster+no_cluster" --rounds 2 \
+        --seconds 1.5 --out "$OUT/cluster-power-$hd" 2>&1 | grep -v "Warning\|exe_args\|^ " \
+        | tee -a "$log"
+    done
+    ;;
+  clusterprof)
+    cat > "$OUT/cluster_target.py" <<'PY'
+import sys
+
+import torch
+from flash_attn.cute import flash_attn_func
+
+import attnlab
+from attnlab import policy
+
+hd = int(sys.argv[1])
+q, k, v = (torch.randn(1, 16384, 2048 // hd, hd, device="cuda", dtype=torch.bfloat16)
+           for _ in range(3))
+base = policy.default_for("sm_90a", hd)
+for _ in range(2):
+    for cluster in (1, 2):
+        attnlab.attention(q, k, v, config=base.replace(cluster_m=cluster))
+    flash_attn_func(q, k, v)
+torch.cuda.synchronize()
+PY
+    metrics=gpu__time_duration.sum,lts__t_sectors_srcunit_tex_op_read.sum
+    metrics=$metrics,lrc__lrc2xbar_sectors_op_read.sum,lrc__xbar2gpc_sectors_op_read.sum
+    metrics=$metrics,l1tex__m_xbar2l1tex_read_bytes.sum,sm__cycles_elapsed.avg
+    for hd in 128 64; do
+      # The second round's three launches: ours alone, ours in clusters, FA4.
+      ncu --clock-control none -k regex:ForwardSm90 --launch-skip 3 -c 3 --metrics "$metrics" \
+        python3 "$OUT/cluster_target.py" $hd > "$OUT/ncu-cluster-$hd.txt" 2>&1
+      grep -E "ForwardSm90|__|rror" "$OUT/ncu-cluster-$hd.txt" | cut -c1-150 | tee -a "$log"
     done
     ;;
   narrow)

@@ -23,7 +23,7 @@ from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.policy import SM90A_WGMMA_KNOBS, default_for
+from attnlab.policy import SM90A_WGMMA_KNOBS, default_for, paired_row_blocks
 from attnlab.tune.cache import seqlen_bucket
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
@@ -124,6 +124,14 @@ VARIANTS[64]["late_o_rescale_after"] = {"late_o_addresses": True, "rescale_o_bef
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim]["lazy"] = {"lazy_rescale": True}
 
+#: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
+#: persistent unmasked walks of hd64, hd128 and hd256.
+#: Where the default pairs them (hd128, hd256), ``no_cluster`` is the walk without.
+for _head_dim in (64, 128, 256):
+    VARIANTS[_head_dim].update(cluster={"cluster_m": 2}, no_cluster={"cluster_m": 1})
+#: Variants only an unmasked walk can take: never timed on masked points.
+PLAIN_ONLY = {"cluster", "no_cluster"}
+
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
 MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
                "one_cta_bc128", "bc128",
@@ -136,11 +144,15 @@ def candidates(head_dim: int, causal: bool, seqlen: int,
     names, every variant but ``MASKED_ONLY`` on unmasked points); a variant that is the default
     at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice. The
     default is the policy's at the length's bucket, as ``dispatch`` looks it up (which may
-    still hand an unbalanced static walk to the counter)."""
+    still hand an unbalanced static walk to the counter), unmasked row blocks paired in
+    clusters where ``dispatch`` pairs them."""
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen_bucket(seqlen))
+    if not causal:
+        default = paired_row_blocks(default, head_dim, seqlen)
     chosen = {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
-              if name == "default" or (name in names if names is not None
-                                       else causal or name not in MASKED_ONLY)}
+              if name == "default" or (not (causal and name in PLAIN_ONLY)
+                                       and (name in names if names is not None
+                                            else causal or name not in MASKED_ONLY))}
     return {name: cfg for name, cfg in chosen.items() if name == "default" or cfg != default}
 
 

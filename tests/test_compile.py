@@ -196,7 +196,8 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     against the row before it; at hd64 every step builds without a spill, the overlap adds one
     copy of each GEMM (the first S and the last P V outside the loop), ping-pong only turn
     barriers, the persistent grid no MMA, dropping the turns again only their barriers (and
-    moving O's rescale ahead of P V no MMA either), the third consumer warpgroup only its own
+    moving O's rescale ahead of P V no MMA either, clusters of two only their multicast loads
+    and cluster barrier), the third consumer warpgroup only its own
     64-row atom (HGMMA per warpgroup unchanged) and 128 threads (the rescale moved there too,
     the hd64 default until the epilogue's addresses moved after the loop)."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
@@ -204,6 +205,7 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     assert ladder.named_for("sm_80", 64, "sm90") == {}
     assert rows["wg_free"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_cluster"] == policy.paired_row_blocks(rows["wg_free"], 128, 4096)
     assert rows["wg_persistent"] == policy.default_for("sm_90a", 128, windowed=True)
     assert rows["wg_tall_late_o"] == policy.default_for("sm_90a", 64)
     ops, exps_first = {}, {}
@@ -223,6 +225,9 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_persistent"]["HGMMA"] == ops["wg_tall"]["HGMMA"] == 3 * gemms
     assert ops["wg_free"]["HGMMA"] == 3 * gemms
     assert ops["wg_free"]["BAR"] < ops["wg_persistent"]["BAR"]
+    assert ops["wg_cluster"]["HGMMA"] == 3 * gemms and ops["wg_cluster"]["BAR"] == ops[
+        "wg_free"]["BAR"]
+    assert ops["wg_cluster"]["UCGABAR_ARV"] == 1 and "UCGABAR_ARV" not in ops["wg_free"]
     assert ops["wg_rescale_first"]["HGMMA"] == 3 * gemms
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
@@ -373,6 +378,37 @@ def test_dynamic_tiles_draw_from_the_counter(windowed, artifact_dir):
     static, dynamic = ops(cfg.replace(dynamic_tiles=False)), ops(cfg.replace(dynamic_tiles=True))
     assert static["ATOMG"] == 0 and dynamic["ATOMG"] == 2
     assert dynamic["HGMMA"] == static["HGMMA"] and dynamic["STG"] == static["STG"] + 2
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cluster_multicasts_kv_and_waits_for_the_other_cta(head_dim, artifact_dir):
+    """``cluster_m=2`` on the unmasked default: the K and V loads multicast (each CTA issues
+    its half of a block for both), Q's stays local; the barriers' initialisation meets at a
+    cluster barrier; the consumers' releases reach the other CTA's barriers; the MMAs and
+    exponentials of the default, no spill. Masks and packed sequences are refused."""
+    cfg = policy.default_for("sm_90a", head_dim, False)
+
+    def build(config):
+        art = compile_config(config, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, sass_text).spills
+        return sass_text, histogram(parse(sass_text))
+
+    (alone, ops), (paired, cluster_ops) = build(cfg), build(cfg.replace(cluster_m=2))
+    tma_loads = ops["UTMALDG"]
+    assert "MULTICAST" not in alone and "UCGABAR" not in alone
+    assert cluster_ops["UTMALDG"] == tma_loads
+    # Q's loads are the local ones: one per 64 columns of its rows.
+    assert paired.count("UTMALDG.4D.MULTICAST") == tma_loads - head_dim // 64
+    assert cluster_ops["UCGABAR_ARV"] == cluster_ops["UCGABAR_WAIT"] == 1
+    assert ".RED" not in "".join(line for line in alone.splitlines() if "SYNCS.ARRIVE" in line)
+    assert any("SYNCS.ARRIVE" in line and ".RED" in line for line in paired.splitlines())
+    for opcode in ("HGMMA", "MUFU", "FFMA"):
+        assert cluster_ops[opcode] == ops[opcode], opcode
+    for windowed, varlen in ((True, False), (False, True)):
+        with pytest.raises(ConfigError, match="cluster_m"):
+            compile_config(cfg.replace(cluster_m=2), "sm_90a", head_dim=head_dim,
+                           windowed=windowed, varlen=varlen, out_dir=artifact_dir)
 
 
 def spills_between_mmas(instructions) -> list:

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from attnlab import policy
 from attnlab.config import SMEM_CAPACITY, ConfigError, FlashConfig
 
 #: The plainest config the rules allow: kernel 1 of the ladder with every later knob off.
@@ -55,6 +56,7 @@ PLAIN = dict(
         ({"row_sum_chains": True}, "row_sum_chains must be an int"),
         ({"tma_kv_loads": True, "eager_kv_loads": False}, "tma_kv_loads needs eager_kv_loads"),
         ({"tma_kv_loads": True, "swizzle": "pad8"}, "tma_kv_loads needs .* the xor swizzle"),
+        ({"cluster_m": 2}, "cluster_m .* need wgmma"),
         (
             {"q_frags_per_load": 0, "k_frags_per_load": 0, "v_frags_per_load": 0},
             "double_buffer_smem_to_rf needs at least one sub-tiled operand",
@@ -226,3 +228,13 @@ def test_l2_section_mb_sizes_only_the_longest_first_order():
     for bad in (0, 1025, True, 8.0):
         with pytest.raises(ConfigError, match="l2_section_mb must be"):
             FlashConfig(lpt=True, l2_section_mb=bad)
+
+
+def test_cluster_m_pairs_the_static_persistent_walk():
+    base = policy.default_for("sm_90a", 128)
+    assert base.persistent and not base.dynamic_tiles
+    assert base.replace(cluster_m=2).short_name().endswith("+cluster_2")
+    for bad in ({"cluster_m": 4}, {"cluster_m": 0}, {"cluster_m": 2, "persistent": False},
+                {"cluster_m": 2, "dynamic_tiles": True}):
+        with pytest.raises(ConfigError, match="cluster_m"):
+            base.replace(**bad)

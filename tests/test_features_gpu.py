@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnlab
 from attnlab import ladder, policy, reference
-from attnlab.config import SUPPORTED_HEAD_DIMS
+from attnlab.config import SUPPORTED_HEAD_DIMS, ConfigError
 from attnlab.validation import describe
 
 pytestmark = pytest.mark.gpu
@@ -153,13 +153,20 @@ def test_causal(shape, dtype):
 @pytest.mark.parametrize("name", list(ladder.NAMED))
 def test_causal_gqa_on_every_ladder_config(name):
     """Masking meets the tiling: every block_m/block_n of the ladder and the lab variants,
-    diagonal blocks and all."""
+    diagonal blocks and all. A step whose clusters share one K/V walk between row blocks
+    refuses the mask and runs the same shape unmasked."""
     from attnlab.dispatch import arch_of
 
     if name not in ladder.named_for(arch_of(torch.device("cuda")), 128):
         pytest.skip(f"{name} does not run on this GPU")
     q, k, v = dense_inputs(2, 333, 517, 8, 2, 128, torch.bfloat16, seed=1)
-    check_dense(q, k, v, window=(-1, 0), config=ladder.NAMED[name])
+    config = ladder.NAMED[name]
+    if config.cluster_m > 1:
+        with pytest.raises(ConfigError, match="cluster_m"):
+            launch_poisoned(q, k, v, 0.1, (-1, 0), config)
+        check_dense(q, k, v, window=(-1, -1), config=config)
+        return
+    check_dense(q, k, v, window=(-1, 0), config=config)
 
 
 @pytest.mark.parametrize("window", [(64, 0), (128, 128), (0, 0), (-1, 32), (200, -1)])
@@ -687,6 +694,26 @@ def test_wgmma_lazy_rescale(head_dim, keys, window):
     q, k, v = lazy_inputs(keys, head_dim, torch.float16, seed=head_dim + 7)
     check_dense(q, k, v, window=window, config=base)
     check_varlen(window, torch.float16, base, head_dim)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_wgmma_cluster_multicast(head_dim, dtype):
+    """K and V multicast to clusters of two CTAs (``cluster_m=2``): row-block counts even
+    and odd (the odd count's last CTA computes a group's tile past the last row block, which
+    must write nothing: its rows would be the next batch element's), GQA and MQA, more clusters
+    than tiles and several tiles a cluster (the ring runs on across tiles), K/V tails past
+    the last full block, Sq != Sk, and a second call on the same launch."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, False).replace(cluster_m=2)
+    shapes = ((2, 1000, 1000, 8, 2), (2, 800, 777, 4, 4), (3, 200, 1500, 16, 1),
+              (1, 64, 64, 1, 1), (4, 1000, 333, 16, 16))
+    for i, (batch, seqlen_q, seqlen_k, heads, heads_kv) in enumerate(shapes):
+        q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
+                               DTYPES[dtype], seed=31 * head_dim + i)
+        check_dense(q, k, v, window=(-1, -1), config=config)
+    check_dense(q, k, v, window=(-1, -1), config=config)
 
 
 def test_static_strides_compile_per_stride_set():

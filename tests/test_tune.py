@@ -39,9 +39,10 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
     default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order on one
     CTA per tile: the others are the refinement's), Ampere's space has none; a wgmma tile's
-    neighbours are its ring depths, schedules and grids, within shared memory, at a B_c that
-    is not a power of two ``fence_p`` too, under a mask both tile orders, and the tile itself
-    with the other ``lazy_rescale``."""
+    neighbours are its ring depths, schedules and grids (without a mask also the persistent
+    walk in clusters of two), within shared memory, at a B_c that is not a power of two
+    ``fence_p`` too, under a mask both tile orders, and the tile itself with the other
+    ``lazy_rescale``."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -52,10 +53,10 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
                                dynamic_tiles=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    # Three ring depths, each schedule, two grids; and the tile with lazy rescaling.
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 2 + 1
+    # Three ring depths, each schedule, three grids; and the tile with lazy rescaling.
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 1
     assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
-    assert {c.persistent for c in around} == {False, True}
+    assert {(c.persistent, c.cluster_m) for c in around} == {(False, 1), (True, 1), (True, 2)}
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
                                                  256)} == {2}
@@ -68,8 +69,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
                                          True) if not c.lazy_rescale]
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
-    assert {(c.persistent, c.dynamic_tiles) for c in masked} == {
-        (False, False), (True, False), (True, True)}
+    assert {(c.persistent, c.dynamic_tiles, c.cluster_m) for c in masked} == {
+        (False, False, 1), (True, False, 1), (True, True, 1)}
     assert len(masked) == 3 * len({c.replace(lpt=False, l2_section_mb=40) for c in masked})
 
 
@@ -180,27 +181,31 @@ def problem(seqlen_q: int, dtype=torch.bfloat16) -> Problem:
 
 def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
     device = H200
-    assert dispatch.config_for(device, problem(4096)) == policy.default_for("sm_90a")
+    # 4096 and 8192 queries make even counts of row blocks: paired (``paired_row_blocks``).
+    paired = {"cluster_m": 2}
+    assert dispatch.config_for(device, problem(4096)) == policy.default_for("sm_90a").replace(
+        **paired)
     tuned = ladder.k06.replace(block_m=128, block_n=128, num_warps=8)
     fake_h200.put(KEY, tuned)
     fake_h200.save()
     dispatch.reload_tune_cache()
     assert dispatch.config_for(device, problem(4096)) == tuned
     assert dispatch.config_for(device, problem(3000)) == tuned  # same bucket
-    fallback = policy.default_for("sm_90a")
+    fallback = policy.default_for("sm_90a").replace(**paired)
     assert dispatch.config_for(device, problem(8192)) == fallback  # no entry
     assert (dispatch.config_for(device, problem(4096, torch.float16))
-            == policy.default_for("sm_90a", dtype="float16"))  # the key has the dtype
+            == policy.default_for("sm_90a", dtype="float16").replace(**paired))  # key's dtype
 
 
 def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     """Packed sequences run the wgmma kernel on sm_90a (its TMA boxes start at each
     sequence); the mma.sync kernel's TMA ring cannot serve them, so an entry tuned with it
-    gives way to the varlen default, and a tuned wgmma entry stands."""
+    gives way to the varlen default, and a tuned wgmma entry stands, without the clusters
+    of a dense walk."""
     device = H200
     packed = dataclasses.replace(problem(4096), varlen=True)
     assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128) == (
-        dispatch.config_for(device, problem(4096)))
+        dispatch.config_for(device, problem(4096)).replace(cluster_m=1))
     ring = policy.mma_sync_default_for("sm_90a", 128).replace(row_sum_chains=16)
     assert ring.tma_kv_loads and not ring.wgmma
     fake_h200.put(KEY, ring)
@@ -209,10 +214,24 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     assert dispatch.config_for(device, problem(4096)) == ring
     assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128)
     tall = policy.default_for("sm_90a", 64)
-    fake_h200.put(KEY, tall)
+    fake_h200.put(KEY, tall.replace(cluster_m=2))
     fake_h200.save()
     dispatch.reload_tune_cache()
     assert dispatch.config_for(device, packed) == tall
+    assert dispatch.config_for(device, problem(4096)) == tall.replace(cluster_m=2)
+
+
+def test_dispatch_pairs_row_blocks_where_they_pair_up(fake_h200):
+    """Unmasked dense problems at hd128 and hd256 share their K/V loads in clusters of two
+    where their row blocks (128 rows) pair up; an odd count, hd64, a mask, packed sequences
+    and a short K/V walk keep one CTA a tile."""
+    for seqlen, cluster in ((4096, 2), (1000, 2), (256, 2), (3900, 1), (300, 1), (128, 1)):
+        assert dispatch.config_for(H200, problem(seqlen)).cluster_m == cluster, seqlen
+    assert dispatch.config_for(H200, dataclasses.replace(problem(4096), head_dim=256)
+                               ).cluster_m == 2
+    for other in ({"head_dim": 64}, {"window": (-1, 0)}, {"varlen": True}, {"seqlen_k": 77}):
+        assert dispatch.config_for(H200, dataclasses.replace(problem(4096), **other)
+                                   ).cluster_m == 1, other
 
 
 def test_dispatch_default_follows_the_mask_variant(fake_h200):
@@ -232,7 +251,8 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
         assert dispatch.config_for(device, at).lazy_rescale == lazy, seqlen
     chosen_plain = dispatch.config_for(device, problem(4096))
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
-    assert fp16 == policy.default_for("sm_90a", 128, dtype="float16") != ladder.k16
+    assert fp16 == policy.default_for("sm_90a", 128, dtype="float16").replace(
+        cluster_m=2) != ladder.k16
     hd32 = dataclasses.replace(problem(4096), head_dim=32)
     assert dispatch.config_for(device, hd32).block_m == 192
     assert dispatch.config_for(device, dataclasses.replace(hd32, window=(-1, 0))).lpt
@@ -254,7 +274,8 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_q=1024)).block_m == 192
     # Cross-attention to at most 80 keys: one 80-key block at hd64/128, unmasked only.
     clip = dataclasses.replace(problem(4096), seqlen_k=77)
-    assert dispatch.config_for(device, clip) == chosen_plain.replace(block_n=80, fence_p=True)
+    assert dispatch.config_for(device, clip) == chosen_plain.replace(block_n=80, fence_p=True,
+                                                                     cluster_m=1)
     assert dispatch.config_for(device, dataclasses.replace(clip, seqlen_k=81)) == chosen_plain
     assert dispatch.config_for(device, dataclasses.replace(clip, window=(-1, 0))).block_n == 128
     assert dispatch.config_for(device, dataclasses.replace(hd32, seqlen_k=77)).block_n == 128

@@ -178,6 +178,13 @@ class FlashConfig:
             masks leave unbalanced (``tile_order.snake_imbalance``). The producer warp
             takes the tile and passes it to the consumers beside Q; the last CTA to finish
             sets the counter back to zero (``attnlab.counters``).
+        cluster_m: (wgmma, persistent, no mask, dense) CTAs per thread-block cluster, 1 or
+            2. With 2, the two CTAs of a cluster compute neighbouring row blocks of the same
+            head and share its K/V walk: each loads half of every K and V block and the TMA
+            unit multicasts it into both CTAs' shared memory (FA3's cluster of two on
+            Hopper), so the L2 reads K and V once per two row blocks; a stage is free again
+            once both CTAs' consumers have released it. The default of unmasked dense hd128
+            and hd256 whose row blocks pair up (``policy.paired_row_blocks``).
     """
 
     block_m: int = 64
@@ -212,6 +219,7 @@ class FlashConfig:
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
+    cluster_m: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -289,10 +297,10 @@ class FlashConfig:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
               or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
-              or self.lazy_rescale):
+              or self.lazy_rescale or self.cluster_m != 1):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
-                              "dynamic_tiles, late_o_addresses and lazy_rescale schedule the "
-                              "warpgroup-MMA kernel: they need wgmma")
+                              "dynamic_tiles, late_o_addresses, lazy_rescale and cluster_m "
+                              "schedule the warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -312,6 +320,11 @@ class FlashConfig:
         if self.dynamic_tiles and not self.persistent:
             raise ConfigError("dynamic_tiles hands persistent CTAs their tiles: it needs "
                               "persistent")
+        if self.cluster_m not in (1, 2):
+            raise ConfigError(f"cluster_m must be 1 or 2, got {self.cluster_m!r}")
+        if self.cluster_m > 1 and (not self.persistent or self.dynamic_tiles):
+            raise ConfigError("cluster_m pairs the tiles of a persistent static walk: it needs "
+                              "persistent without dynamic_tiles")
         if self.rescale_o_before_pv and not self.intra_wg_overlap:
             raise ConfigError("rescale_o_before_pv moves O's rescale under the next block's "
                               "Q K^T: it needs intra_wg_overlap")
@@ -361,6 +374,8 @@ class FlashConfig:
                                         "lazy_rescale", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
+            if self.cluster_m > 1:
+                flags.append(f"cluster_{self.cluster_m}")
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:

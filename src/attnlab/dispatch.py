@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
 from attnlab.device import DeviceInfo, arch_of
-from attnlab.policy import MAX_IMBALANCE, SHORT_KV_SEQLEN, default_for, one_cta_per_tile
+from attnlab.policy import (
+    MAX_IMBALANCE,
+    SHORT_KV_SEQLEN,
+    default_for,
+    one_cta_per_tile,
+    paired_row_blocks,
+)
 
 if TYPE_CHECKING:
     from attnlab.tune.cache import TuneCache, TuneKey
@@ -63,6 +69,9 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
         # A masked call's grid depends on how its tiles balance (``_balanced``).
         key += (problem.batch * problem.num_heads, problem.seqlen_q, problem.seqlen_k,
                 problem.window)
+    else:
+        # An unmasked one's on whether its row blocks pair up (``paired_row_blocks``).
+        key += (problem.seqlen_q,)
     config = _chosen.get(key)
     if config is None:
         config = _chosen[key] = _choose(gpu, problem, bucket, short_kv)
@@ -82,7 +91,8 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
     # the wgmma kernel's boxes start at each sequence): such an entry gives way to the
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
-        return tuned
+        # The plain entry serves packed sequences too, whose row blocks no cluster shares.
+        return tuned.replace(cluster_m=1) if problem.varlen else tuned
     config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
                          bucket, short_kv)
     if config.persistent and problem.windowed:
@@ -90,6 +100,8 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
             config = one_cta_per_tile(config, problem.head_dim, bucket)
         elif not config.dynamic_tiles and not _balanced(config, problem, gpu):
             config = config.replace(dynamic_tiles=True)
+    elif not (problem.windowed or problem.varlen or short_kv):
+        config = paired_row_blocks(config, problem.head_dim, problem.seqlen_q)
     return config
 
 

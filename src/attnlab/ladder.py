@@ -133,7 +133,10 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: shared memory has room for, which the default takes at hd32/hd64 without a mask (at hd128
 #: its tile needs 240 KB of shared memory, so the hd128 ladder has no such row). Off the
 #: persistent step, the warpgroups without their turns: the default at hd128 without a mask
-#: (thirty-third session; the turns paid on the one-CTA kernel, not on this one); then O
+#: (thirty-third session; the turns paid on the one-CTA kernel, not on this one), and that
+#: default with neighbouring row blocks in clusters of two that share each K/V block by TMA
+#: multicast (the hd128 and hd256 default where the row blocks pair up, forty-third
+#: session); then O
 #: rescaled under the next S = Q K^T, FA4's order above hd128: with no turns, hd256's
 #: schedule (thirty-fourth session; at hd128 it loses 1.5 %); the same rescale on the
 #: three-warpgroup tile with its turns (the hd64 default until the thirty-seventh session);
@@ -148,6 +151,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_pingpong": _PINGPONG,
     "wg_persistent": _PERSISTENT,
     "wg_free": _PERSISTENT.replace(pingpong=False),
+    "wg_cluster": _PERSISTENT.replace(pingpong=False, cluster_m=2),
     "wg_rescale_first": _PERSISTENT.replace(pingpong=False, rescale_o_before_pv=True),
     "wg_tall": _TALL,
     "wg_tall_rescale_first": _TALL.replace(rescale_o_before_pv=True),
@@ -167,7 +171,7 @@ BASES: dict[str, str] = {
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
-    "wg_rescale_first": "wg_free", "wg_tall": "wg_persistent",
+    "wg_cluster": "wg_free", "wg_rescale_first": "wg_free", "wg_tall": "wg_persistent",
     "wg_tall_rescale_first": "wg_tall", "wg_tall_late_o": "wg_tall",
 }
 
@@ -202,6 +206,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_pingpong": "sm_90a: consumer warpgroups take turns at the MMAs",
     "wg_persistent": "sm_90a: persistent CTAs, next tile loaded under this one's store",
     "wg_free": "sm_90a: persistent, the warpgroups without turns",
+    "wg_cluster": "sm_90a: K/V multicast to clusters of two CTAs",
     "wg_rescale_first": "sm_90a: O rescaled under the next S = Q K^T",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
     "wg_tall_rescale_first": "sm_90a: B_r = 192, O rescaled under the next S = Q K^T",

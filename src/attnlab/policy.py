@@ -189,6 +189,16 @@ LONG_MASKED_PACKED_SEQLEN = 4096
 SHORT_KV_SEQLEN = 80
 _SHORT_KV_TILE = {"block_n": 80, "fence_p": True}
 _SHORT_KV_HEAD_DIMS = (64, 128)
+#: K and V multicast to clusters of two CTAs (``cluster_m``; docs/ladder.md, forty-third
+#: session, H100): unmasked dense problems at hd128 and hd256 whose row blocks pair up (an
+#: odd count leaves a CTA a tile past the end and the walk a wave longer: hd64 at 8k, 43
+#: blocks, lost 4-10 %). Under the power cap a call took 2-3 % less energy and ran 2.4 %
+#: (hd128, six rounds on two machines) and 3.4 % (hd256, two rounds) faster at 16k (on an
+#: H200 1.8 and 2.0 %, and end to end +0 to +1 % at every point); device
+#: only +0.7 to +1.7 % (hd128) and -0.3 to +1.6 % (hd256) from 1k to 4k, -1.4 to +0.8 % at
+#: 16k; end to end -1.2 to +1.1 %. hd64 (+1.2 % sustained, -2 to +1 % end to end) and short
+#: K/V walks keep one CTA.
+_CLUSTER_HEAD_DIMS = (128, 256)
 _FA3_SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {
     key: {**_FA3_SCHEDULE, **tile} for key, tile in _WGMMA_TILES.items()}
@@ -232,6 +242,17 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 
+def paired_row_blocks(config: FlashConfig, head_dim: int, seqlen_q: int) -> FlashConfig:
+    """The sm_90a default of an unmasked dense problem (``default_for`` at ``head_dim``,
+    neither packed nor with a short K/V walk) with its row blocks paired in clusters of two
+    that share their K/V loads (``_CLUSTER_HEAD_DIMS``), where ``seqlen_q`` queries make an
+    even count of them; otherwise ``config``."""
+    if (head_dim in _CLUSTER_HEAD_DIMS and config.wgmma and config.persistent
+            and not config.dynamic_tiles and -(-seqlen_q // config.block_m) % 2 == 0):
+        return config.replace(cluster_m=2)
+    return config
+
+
 def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> FlashConfig:
     """A persistent masked default (``default_for`` at ``head_dim`` and query length
     ``seqlen``) on one CTA per tile, for packed sequences: the hardware hands each tile to
@@ -266,8 +287,8 @@ def default_specs(arch: str) -> list[ForwardSpec]:
     """The kernels ``attention()`` runs on ``arch`` without a tuned entry: every supported head
     dim, both dtypes, plain and masked (short, 2k, long and very long queries), with and
     without the LSE, dense batches (a ``static_strides`` default with the strides of
-    contiguous tensors of ``abi.CANONICAL_HEADS`` heads). What ``attnlab cache --warm``
-    compiles."""
+    contiguous tensors of ``abi.CANONICAL_HEADS`` heads), plain ones also with their row
+    blocks paired (``paired_row_blocks``). What ``attnlab cache --warm`` compiles."""
     specs = []
     for head_dim in SUPPORTED_HEAD_DIMS:
         for dtype in SUPPORTED_DTYPES:
@@ -278,8 +299,11 @@ def default_specs(arch: str) -> list[ForwardSpec]:
                                                (False, None, True)):
                 config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen,
                                      short_kv=short_kv)
-                specs += [ForwardSpec(config, arch, dtype, head_dim, windowed,
-                                      with_lse=with_lse) for with_lse in (False, True)]
+                configs = [config]
+                if not (windowed or short_kv):
+                    configs.append(paired_row_blocks(config, head_dim, 2 * config.block_m))
+                specs += [ForwardSpec(c, arch, dtype, head_dim, windowed, with_lse=with_lse)
+                          for c in configs for with_lse in (False, True)]
     return list(dict.fromkeys(specs))
 
 

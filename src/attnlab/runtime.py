@@ -98,7 +98,7 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 
 def _persistent_grid(kernel: kernel_cache.CompiledKernel, gpu: device.DeviceInfo) -> int:
     """SMs x resident CTAs per SM (the occupancy model on the kernel's registers and shared
-    memory; one per SM when the registers are unknown)."""
+    memory; one per SM when the registers are unknown), in whole clusters."""
     from attnlab.analysis.occupancy import occupancy, spec_from_properties
 
     config, spec = kernel.spec.config, kernel.spec
@@ -107,7 +107,8 @@ def _persistent_grid(kernel: kernel_cache.CompiledKernel, gpu: device.DeviceInfo
         props = torch.cuda.get_device_properties(gpu.index)
         ctas = occupancy(spec_from_properties(props), config.num_threads, kernel.registers,
                          config.smem_bytes(spec.head_dim)).ctas_per_sm
-    return gpu.multiprocessors * max(1, ctas)
+    # Whole clusters: a cluster's CTAs walk their tiles together.
+    return gpu.multiprocessors * max(1, ctas) // config.cluster_m * config.cluster_m
 
 
 _launches: dict[tuple, Launch] = {}

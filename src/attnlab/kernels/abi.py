@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab.backward_config import BackwardConfig
-from attnlab.config import FlashConfig
+from attnlab.config import ConfigError, FlashConfig
 
 #: (row, head) strides of q, k, v and out, in elements: what a ``static_strides`` kernel is
 #: specialised on.
@@ -100,6 +100,9 @@ class ForwardSpec:
             raise TypeError(f"config must be a FlashConfig, got {type(self.config).__name__}")
         if self.strides is not None and not self.config.static_strides:
             raise ValueError("strides are compiled in only for a static_strides config")
+        if self.config.cluster_m > 1 and (self.windowed or self.varlen):
+            raise ConfigError("cluster_m shares one K/V walk between row blocks: a mask or "
+                              "packed sequences give them different walks")
         if self.config.static_strides and self.strides is None:
             object.__setattr__(self, "strides", canonical_strides(self.head_dim))
 

@@ -113,7 +113,8 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
                       windowed: bool) -> list[FlashConfig]:
     """A wgmma tile with each ring depth that fits and each schedule (``WGMMA_SCHEDULES``),
     on each grid (one CTA per tile, or persistent; under a mask also persistent with
-    ``dynamic_tiles``); where B_c is not a power of two, with and
+    ``dynamic_tiles``, without one also persistent in clusters of two, ``cluster_m``); where
+    B_c is not a power of two, with and
     without P pinned (``fence_p``: it changes how ptxas issues the P V GEMM only at those
     widths); under a mask, in each tile order (per head, or ``lpt`` with sections of
     ``LPT_SECTION_MB``: it helped at some head dims, hurt at hd128, and its best section size
@@ -124,15 +125,17 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
         else [(config.lpt, config.l2_section_mb)]
     around = []
-    # (persistent, dynamic_tiles): under a mask the tiles' lengths differ, and a counter
-    # balances what the fixed walk may not.
-    grids = [(False, False), (True, False)] + ([(True, True)] if windowed else [])
-    for stages, schedule, fence, (lpt, section_mb), (persistent, dynamic) in \
+    # (persistent, dynamic_tiles, cluster_m): under a mask the tiles' lengths differ, and a
+    # counter balances what the fixed walk may not; without one, neighbouring row blocks
+    # may share their K/V loads in clusters of two.
+    grids = [(False, False, 1), (True, False, 1)] + (
+        [(True, True, 1)] if windowed else [(True, False, 2)])
+    for stages, schedule, fence, (lpt, section_mb), (persistent, dynamic, cluster) in \
             itertools.product(WGMMA_STAGES, WGMMA_SCHEDULES, fences, orders, grids):
         try:
             candidate = config.replace(kv_stages=stages, **schedule, fence_p=fence, lpt=lpt,
                                        l2_section_mb=section_mb, persistent=persistent,
-                                       dynamic_tiles=dynamic)
+                                       dynamic_tiles=dynamic, cluster_m=cluster)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:

@@ -76,7 +76,7 @@ class ForwardKernel(AttentionKernel):
             section = heads_per_section(kv_rows, 2 * self.head_dim * self.dtype.width // 8,
                                         heads_per_kv, self.cfg.l2_section_mb << 20, DSL_OPS)
         return TileScheduler(num_m_blocks, num_seqs, num_heads, persistent, self.windowed,
-                             self.cfg.lpt, section)
+                             self.cfg.lpt, section, cluster=self.cfg.cluster_m)
 
 
 def shared_tile(dtype: type[cutlass.Numeric], layout) -> type:

@@ -28,6 +28,11 @@ The launch order depends on the mask:
   block, longest first, each over all the section's heads (FA3's LPT order); when the pairs
   leave a narrower section, it goes first (last, its longest tiles made the launch's tail).
   The grid is one dimension.
+
+With clusters of ``cluster`` CTAs (a persistent grid, unmasked), the walk is over groups of
+``cluster`` neighbouring row blocks of one head: a cluster takes a group where a CTA took a
+tile, and its CTA of rank ``r`` computes the group's ``r``-th row block (past the last row
+block where their count is not a multiple: its Q is read as zeros and its O is clipped).
 """
 
 import cutlass
@@ -81,11 +86,16 @@ class TileScheduler:
     """The tiles of a launch, ``num_m_blocks x num_seqs x num_heads``, and how CTAs take
     them (built inside the kernel, or on the host for ``grid``). ``lpt``: the longest-first
     order over L2 sections, in a masked launch; ``section``: its query heads per section
-    (``heads_per_section``, needed inside the kernel only)."""
+    (``heads_per_section``, needed inside the kernel only); ``cluster``: CTAs per cluster,
+    which walk groups of as many row blocks."""
 
     def __init__(self, num_m_blocks, num_seqs, num_heads, persistent: bool, windowed: bool,
-                 lpt: bool = False, section=None, first_is_longest: bool = False):
-        self.num_m_blocks = num_m_blocks
+                 lpt: bool = False, section=None, first_is_longest: bool = False,
+                 cluster: int = 1):
+        self.cluster = cluster
+        # The walk's unit: a group of ``cluster`` row blocks.
+        self.num_m_blocks = (num_m_blocks if cluster == 1
+                             else (num_m_blocks + cluster - 1) // cluster)
         self.num_seqs = num_seqs
         self.num_heads = num_heads
         self.persistent = persistent
@@ -116,6 +126,8 @@ class TileScheduler:
         if cutlass.const_expr(self.persistent):
             cta, _, _ = cute.arch.block_idx()
             ctas, _, _ = cute.arch.grid_dim()
+            # A cluster's CTAs are consecutive along x: they share its place in the walk.
+            cta, ctas = cta // self.cluster, ctas // self.cluster
             # Two values carried (the tile and the step to the next, which alternate), not
             # the wave and the CTA: the consumer warps of the Hopper kernel have no register
             # to spare.
@@ -165,5 +177,9 @@ class TileScheduler:
     def coords(self, tile) -> tuple:
         """``(m_block, seq, head)`` of the ``tile``-th tile in launch order
         (``tile_order.tile_coords``; plain arithmetic, for DSL values or Python ints)."""
-        return tile_coords(tile, self.num_m_blocks, self.num_seqs, self.num_heads,
-                           self.reverse, self.section if self.lpt else None, DSL_OPS)
+        group, seq, head = tile_coords(tile, self.num_m_blocks, self.num_seqs, self.num_heads,
+                                       self.reverse, self.section if self.lpt else None,
+                                       DSL_OPS)
+        if cutlass.const_expr(self.cluster == 1):
+            return group, seq, head
+        return group * self.cluster + cute.arch.block_idx()[0] % self.cluster, seq, head

@@ -20,19 +20,22 @@ def stats_rows_first(t: cute.Tensor) -> cute.Tensor:
 
 
 def tile_partition(tma: tuple, smem: cute.Tensor, tile: tuple, block_coord: tuple, head,
-                   batch, origin: tuple | None = None) -> tuple:
+                   batch, origin: tuple | None = None, multicast: tuple = (0, 1)) -> tuple:
     """``(smem stages, global blocks)`` of one TMA copy of ``tile``-sized boxes of head
     ``head`` and batch element ``batch``; index a block by its coordinate along the mode that
     ``block_coord`` leaves ``None``, a stage by its index. ``tma`` is ``(atom, coordinate
     tensor)`` as ``cpasync.make_tiled_tma_atom`` gives them. ``origin``: where block 0
-    starts in the tile's two modes (a packed sequence's first row), when not at 0."""
+    starts in the tile's two modes (a packed sequence's first row), when not at 0.
+    ``multicast``: ``(rank, ctas)``, this CTA's share of a box that a multicast atom copies
+    into the shared memory of ``ctas`` CTAs, each issuing one share."""
     atom, coords = tma
     head_coords = coords[None, None, head, batch]
     if origin is not None:
         head_coords = cute.domain_offset(origin, head_coords)
     blocks = cute.local_tile(head_coords, tile, block_coord)
-    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                                 cute.group_modes(blocks, 0, 2))
+    rank, ctas = multicast
+    return cpasync.tma_partition(atom, rank, cute.make_layout(ctas),
+                                 cute.group_modes(smem, 0, 2), cute.group_modes(blocks, 0, 2))
 
 
 def stats_partition(tma: tuple, smem: cute.Tensor, box: int, head, batch, row0) -> tuple:

@@ -35,6 +35,15 @@ straight from the S registers, O normalised once); what changes is who does the 
   consumers release Q, its Q, while they finish this tile. Where shared memory has room O is
   staged in its own tile (``stages_o_apart``): Q is then released after the last
   S = Q K^T, and a tile's O store is waited for only before the next tile stages its O.
+* **K and V multicast in clusters of two** (``cluster_m``, persistent unmasked walks). The two
+  CTAs of a cluster compute neighbouring row blocks of one head, so they walk the same K/V
+  blocks: each loads half of every block and the TMA unit writes it into both CTAs' rings
+  (FA3's cluster on Hopper), so the L2 reads each block once per two row blocks (the SMs
+  still receive every byte). A stage's full barrier
+  counts both halves' bytes; its empty barrier counts both CTAs' consumer warps (each warp
+  releases the stage in both CTAs), so neither producer refills a stage the other CTA still
+  reads; before a CTA exits, its producer waits until every stage has been released, so no
+  release from the other CTA arrives after it.
 * **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
   three share the registers three ways (160 each), enough at small head dims, where a taller
   tile loads K and V once for more rows.
@@ -158,13 +167,17 @@ class FlashForwardSm90(ForwardKernel):
         # TMA views: tile modes first, then (heads, batch). V as (D, rows) for its MN-major tile.
         v_view = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
         load = cpasync.CopyBulkTensorTileG2SOp()
+        load_kv, cluster = load, cfg.cluster_m
+        if cutlass.const_expr(cluster > 1):
+            load_kv = cpasync.CopyBulkTensorTileG2SMulticastOp()
         # (atom, coordinate tensor) pairs: what the kernel partitions and copies with.
         tma_q = tuple(cpasync.make_tiled_tma_atom(load, rows_first(mQ),
                                                   self._stage(sQ_layout), (cfg.block_m, D)))
-        tma_k = tuple(cpasync.make_tiled_tma_atom(load, rows_first(mK),
-                                                  self._stage(sK_layout), (cfg.block_n, D)))
-        tma_v = tuple(cpasync.make_tiled_tma_atom(load, v_view, self._stage(sV_layout),
-                                                  (D, cfg.block_n)))
+        tma_k = tuple(cpasync.make_tiled_tma_atom(load_kv, rows_first(mK),
+                                                  self._stage(sK_layout), (cfg.block_n, D),
+                                                  num_multicast=cluster))
+        tma_v = tuple(cpasync.make_tiled_tma_atom(load_kv, v_view, self._stage(sV_layout),
+                                                  (D, cfg.block_n), num_multicast=cluster))
         if cutlass.const_expr(self.varlen):
             o_store = (mO, row_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(),
                                                          self.dtype, num_bits_per_copy=COPY_BITS),
@@ -183,7 +196,8 @@ class FlashForwardSm90(ForwardKernel):
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
             SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2], t.tile_counter,
         ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
-                 stream=stream, min_blocks_per_mp=1)
+                 cluster=[cluster, 1, 1] if cluster > 1 else None, stream=stream,
+                 min_blocks_per_mp=1)
 
     @staticmethod
     def _stage(staged_layout):
@@ -236,11 +250,19 @@ class FlashForwardSm90(ForwardKernel):
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         # Q's barriers are a ring of one stage: its "empty" side matters only to a persistent
         # CTA, whose next Q waits for the consumers to be done with this one.
+        cluster = cfg.cluster_m
         pipes = [self._tma_pipeline(storage.q_bars.data_ptr(), sQ_layout, 1),
-                 self._tma_pipeline(storage.k_bars.data_ptr(), sK_layout, cfg.kv_stages),
-                 self._tma_pipeline(storage.v_bars.data_ptr(), sV_layout, cfg.kv_stages)]
+                 self._tma_pipeline(storage.k_bars.data_ptr(), sK_layout, cfg.kv_stages,
+                                    cluster),
+                 self._tma_pipeline(storage.v_bars.data_ptr(), sV_layout, cfg.kv_stages,
+                                    cluster)]
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if cutlass.const_expr(cluster > 1):
+            # The other CTA's copies and releases reach these barriers: both initialised.
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
         tiles = (tma_q, tma_k, tma_v, mCuQ, mCuK, window_left, window_right, heads_per_kv)
 
         slots = None
@@ -257,8 +279,13 @@ class FlashForwardSm90(ForwardKernel):
                     self._produce_dynamic(self.tile_scheduler(*tile_grid), produce, states,
                                           mTileCounter, slots, tma_q, sQ, pipes[0])
                 else:
-                    self.tile_scheduler(*tile_grid).for_each_tile(produce, lambda: None,
-                                                                  states)
+                    states = self.tile_scheduler(*tile_grid).for_each_tile(
+                        produce, lambda: None, states)
+                    if cutlass.const_expr(cluster > 1):
+                        # Every release of the other CTA's consumers is in before this
+                        # CTA's barriers go away.
+                        pipes[1].producer_tail(states[1].clone())
+                        pipes[2].producer_tail(states[1].clone())
         else:
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS[self.num_consumers])
             ctidx = tidx - 128
@@ -328,16 +355,20 @@ class FlashForwardSm90(ForwardKernel):
 
         scheduler.take_each_tile(consume, states, receive)
 
-    def _tma_pipeline(self, barriers: cute.Pointer, staged_layout, stages: int):
+    def _tma_pipeline(self, barriers: cute.Pointer, staged_layout, stages: int,
+                      cluster: int = 1):
         """The full/empty barriers of a ring of TMA tiles: one producer thread arms a stage for
-        its bytes; one lane per consumer warp releases it."""
+        its bytes; one lane per consumer warp releases it, in each of the ``cluster`` CTAs
+        whose copies fill the stage (lane ``r`` in CTA ``r``)."""
         stage_bytes = cute.size_in_bytes(self.dtype, self._stage(staged_layout))
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers, num_stages=stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     self.cfg.num_warps),
-            tx_count=stage_bytes, defer_sync=True)
+                                                     self.cfg.num_warps * cluster),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)) if cluster > 1 else None,
+            defer_sync=True)
 
     @cute.jit
     def _tile(self, m_block, seq, head, tma_q: tuple, tma_k: tuple, tma_v: tuple,
@@ -389,21 +420,26 @@ class FlashForwardSm90(ForwardKernel):
             k_origin, v_origin = (tile.origins[1], 0), (0, tile.origins[1])
         q_smem, q_gmem = tile_partition(tma_q, sQ, (cfg.block_m, D), (None, 0),
                                         tile.head, tile.batch, q_origin)
+        multicast, to_ctas = (0, 1), None
+        if cutlass.const_expr(cfg.cluster_m > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            multicast = (rank, cfg.cluster_m)
+            to_ctas = cutlass.Int16((1 << cfg.cluster_m) - 1)
         k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0),
-                                        tile.head_kv, tile.batch, k_origin)
+                                        tile.head_kv, tile.batch, k_origin, multicast)
         v_smem, v_gmem = tile_partition(tma_v, sV, (D, cfg.block_n), (0, None),
-                                        tile.head_kv, tile.batch, v_origin)
+                                        tile.head_kv, tile.batch, v_origin, multicast)
         if cutlass.const_expr(cfg.persistent):
             # K_0 first: it may load while the consumers still hold the previous tile's Q.
             if tile.n_min < tile.n_max:
-                self._load(pipes[1], state, tma_k, k_smem, k_gmem, tile.n_min)
+                self._load(pipes[1], state, tma_k, k_smem, k_gmem, tile.n_min, to_ctas)
             self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
             q_state.advance()
             for n_block in cutlass.range(tile.n_min, tile.n_max, unroll=1):
-                self._load(pipes[2], state, tma_v, v_smem, v_gmem, n_block)
+                self._load(pipes[2], state, tma_v, v_smem, v_gmem, n_block, to_ctas)
                 state.advance()
                 if n_block + 1 < tile.n_max:
-                    self._load(pipes[1], state, tma_k, k_smem, k_gmem, n_block + 1)
+                    self._load(pipes[1], state, tma_k, k_smem, k_gmem, n_block + 1, to_ctas)
         else:
             self._load(pipes[0], q_state, tma_q, q_smem, q_gmem, tile.m_block)
             q_state.advance()
@@ -414,11 +450,14 @@ class FlashForwardSm90(ForwardKernel):
         return q_state, state
 
     @staticmethod
-    def _load(pipe, state, tma_atom, smem: cute.Tensor, gmem: cute.Tensor, block) -> None:
-        """Block ``block`` of ``gmem`` into the ring stage of ``state``, once it is free."""
+    def _load(pipe, state, tma_atom, smem: cute.Tensor, gmem: cute.Tensor, block,
+              mcast_mask=None) -> None:
+        """Block ``block`` of ``gmem`` into the ring stage of ``state``, once it is free
+        (``mcast_mask``: also into the same stage of these CTAs of the cluster)."""
         pipe.producer_acquire(state)
+        extra = {} if mcast_mask is None else {"mcast_mask": mcast_mask}
         cute.copy(tma_atom[0], gmem[None, block], smem[None, state.index],
-                  tma_bar_ptr=pipe.producer_get_barrier(state))
+                  tma_bar_ptr=pipe.producer_get_barrier(state), **extra)
 
     @cute.jit
     def _consume(self, tile: TileExtent, ctidx, wg, mma_qk: cute.TiledMma,
