@@ -380,7 +380,7 @@ def test_dynamic_tiles_draw_from_the_counter(windowed, artifact_dir):
     assert dynamic["HGMMA"] == static["HGMMA"] and dynamic["STG"] == static["STG"] + 2
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_cluster_multicasts_kv_and_waits_for_the_other_cta(head_dim, artifact_dir):
     """``cluster_m=2`` on the unmasked default: the K and V loads multicast (each CTA issues
     its half of a block for both), Q's stays local; the barriers' initialisation meets at a

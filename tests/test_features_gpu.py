@@ -697,7 +697,7 @@ def test_wgmma_lazy_rescale(head_dim, keys, window):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_wgmma_cluster_multicast(head_dim, dtype):
     """K and V multicast to clusters of two CTAs (``cluster_m=2``): row-block counts even
     and odd (the odd count's last CTA computes a group's tile past the last row block, which

@@ -222,14 +222,16 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
 
 
 def test_dispatch_pairs_row_blocks_where_they_pair_up(fake_h200):
-    """Unmasked dense problems at hd128 and hd256 share their K/V loads in clusters of two
-    where their row blocks (128 rows) pair up; an odd count, hd64, a mask, packed sequences
-    and a short K/V walk keep one CTA a tile."""
+    """Unmasked dense problems at hd128, hd192 and hd256 share their K/V loads in clusters of
+    two where their row blocks (128 rows) pair up; an odd count, hd64, hd96, hd32, a mask,
+    packed sequences and a short K/V walk keep one CTA a tile."""
     for seqlen, cluster in ((4096, 2), (1000, 2), (256, 2), (3900, 1), (300, 1), (128, 1)):
         assert dispatch.config_for(H200, problem(seqlen)).cluster_m == cluster, seqlen
-    assert dispatch.config_for(H200, dataclasses.replace(problem(4096), head_dim=256)
-                               ).cluster_m == 2
-    for other in ({"head_dim": 64}, {"window": (-1, 0)}, {"varlen": True}, {"seqlen_k": 77}):
+    for head_dim in (192, 256):
+        assert dispatch.config_for(H200, dataclasses.replace(problem(4096), head_dim=head_dim)
+                                   ).cluster_m == 2
+    for other in ({"head_dim": 64}, {"head_dim": 96}, {"head_dim": 32}, {"window": (-1, 0)},
+                  {"varlen": True}, {"seqlen_k": 77}):
         assert dispatch.config_for(H200, dataclasses.replace(problem(4096), **other)
                                    ).cluster_m == 1, other
 

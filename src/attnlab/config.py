@@ -183,8 +183,8 @@ class FlashConfig:
             head and share its K/V walk: each loads half of every K and V block and the TMA
             unit multicasts it into both CTAs' shared memory (FA3's cluster of two on
             Hopper), so the L2 reads K and V once per two row blocks; a stage is free again
-            once both CTAs' consumers have released it. The default of unmasked dense hd128
-            and hd256 whose row blocks pair up (``policy.paired_row_blocks``).
+            once both CTAs' consumers have released it. The default of unmasked dense hd128,
+            hd192 and hd256 whose row blocks pair up (``policy.paired_row_blocks``).
     """
 
     block_m: int = 64
