@@ -107,7 +107,9 @@ def _persistent_grid(kernel: kernel_cache.CompiledKernel, gpu: device.DeviceInfo
         props = torch.cuda.get_device_properties(gpu.index)
         ctas = occupancy(spec_from_properties(props), config.num_threads, kernel.registers,
                          config.smem_bytes(spec.head_dim)).ctas_per_sm
-    # Whole clusters: a cluster's CTAs walk their tiles together.
+    # Whole clusters: a cluster's CTAs walk their tiles together. Assumed all resident at
+    # once (a cluster needs its SMs in one GPC): so on the H100/H200 SXM's 132 SMs, whose
+    # clustered walks measured no second wave (docs/ladder.md, forty-third session).
     return gpu.multiprocessors * max(1, ctas) // config.cluster_m * config.cluster_m
 
 
