@@ -125,7 +125,7 @@ for _head_dim in VARIANTS:
     VARIANTS[_head_dim]["lazy"] = {"lazy_rescale": True}
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
-#: persistent unmasked walks of every head dim. Where the default pairs them (hd128, hd256),
+#: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
 #: ``no_cluster`` is the walk without.
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim].update(cluster={"cluster_m": 2}, no_cluster={"cluster_m": 1})
