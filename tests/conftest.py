@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -19,6 +20,12 @@ MakeQKV = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # Beside other workers on one GPU, a 10+ GiB test can run it out of memory.
+            apart = pytest.mark.skip(reason="large_memory: run alone (pytest -m large_memory)")
+            for item in items:
+                if "large_memory" in item.keywords:
+                    item.add_marker(apart)
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in items:
