@@ -149,18 +149,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="passes over the implementations, alternate ones reversed")
-    parser.add_argument("--candidates", default=None, metavar="HD,MASK,SEQLEN,NAMES",
+    parser.add_argument("--candidates", default=None, metavar="HD,MASK,SEQLEN,NAMES[,DTYPE]",
                         help="instead of the peers but FA4: the default and these "
                              "scripts/sm90_candidates.py variants ('+'-separated) at one "
-                             "point of the Hopper table's shapes, e.g. 128,plain,16384,kv3+bc144")
+                             "point of the Hopper table's shapes (bfloat16 unless DTYPE), "
+                             "e.g. 128,plain,16384,kv3+bc144")
     args = parser.parse_args()
     peers = available_peers()
     if args.candidates:
         from sm90_candidates import candidates  # this script's folder is on sys.path
 
-        hd, mask, seqlen, names = args.candidates.split(",")
+        hd, mask, seqlen, names, *dtype = args.candidates.split(",")
         hd, seqlen, causal = int(hd), int(seqlen), mask == "causal"
-        point = Point(16384 // seqlen, seqlen, seqlen, 2048 // hd, hd, "bfloat16", causal)
+        point = Point(16384 // seqlen, seqlen, seqlen, 2048 // hd, hd,
+                      dtype[0] if dtype else "bfloat16", causal)
         cases = [attention_cases(point, {
             **{n: peers[n] for n in PEERS[:1] if n in peers},
             **{name: attnlab_impl(cfg) for name, cfg in candidates(
