@@ -53,6 +53,12 @@ __all__ = ["DSL_OPS", "TileScheduler", "count_out", "heads_per_section", "longes
            "next_tile", "snake_count", "snake_tile"]
 
 
+def cluster_rank() -> cutlass.Int32:
+    """This CTA's rank in its cluster, warp-uniform: which row block of its cluster's group it
+    computes, and which share of every K/V block it multicasts."""
+    return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+
+
 def snake_count(cta, ctas, num_tiles):
     """How many of ``num_tiles`` tiles persistent CTA ``cta`` takes: one per whole wave, and
     one of the last, partial wave if its place there is among the tiles left."""
@@ -182,4 +188,4 @@ class TileScheduler:
                                        DSL_OPS)
         if cutlass.const_expr(self.cluster == 1):
             return group, seq, head
-        return group * self.cluster + cute.arch.block_idx()[0] % self.cluster, seq, head
+        return group * self.cluster + cluster_rank(), seq, head

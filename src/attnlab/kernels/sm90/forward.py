@@ -81,7 +81,7 @@ from attnlab.kernels.common.layouts import (
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
-from attnlab.kernels.common.tile_scheduler import TileScheduler, count_out
+from attnlab.kernels.common.tile_scheduler import TileScheduler, cluster_rank, count_out
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
@@ -422,8 +422,7 @@ class FlashForwardSm90(ForwardKernel):
                                         tile.head, tile.batch, q_origin)
         multicast, to_ctas = (0, 1), None
         if cutlass.const_expr(cfg.cluster_m > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            multicast = (rank, cfg.cluster_m)
+            multicast = (cluster_rank(), cfg.cluster_m)
             to_ctas = cutlass.Int16((1 << cfg.cluster_m) - 1)
         k_smem, k_gmem = tile_partition(tma_k, sK, (cfg.block_n, D), (None, 0),
                                         tile.head_kv, tile.batch, k_origin, multicast)
