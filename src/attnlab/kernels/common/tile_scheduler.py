@@ -49,8 +49,8 @@ from attnlab.kernels.common.tile_order import (
 #: The DSL's integer operations, for the arithmetic of ``tile_order`` on traced values.
 DSL_OPS = IntOps(cutlass.min, cutlass.max, cute.ceil_div)
 
-__all__ = ["DSL_OPS", "TileScheduler", "count_out", "heads_per_section", "longest_first",
-           "next_tile", "snake_count", "snake_tile"]
+__all__ = ["DSL_OPS", "TileScheduler", "cluster_rank", "count_out", "heads_per_section",
+           "longest_first", "next_tile", "snake_count", "snake_tile"]
 
 
 def cluster_rank() -> cutlass.Int32:
