@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from attnlab import policy
+from attnlab import ladder, policy
 from attnlab.config import SMEM_CAPACITY, ConfigError, FlashConfig
 
 #: The plainest config the rules allow: kernel 1 of the ladder with every later knob off.
@@ -232,7 +232,10 @@ def test_l2_section_mb_sizes_only_the_longest_first_order():
 
 def test_cluster_m_pairs_the_static_persistent_walk():
     base = policy.default_for("sm_90a", 128)
-    assert base.persistent and not base.dynamic_tiles
+    assert base.static_persistent_walk
+    assert not base.replace(dynamic_tiles=True).static_persistent_walk
+    assert not base.replace(persistent=False).static_persistent_walk
+    assert not ladder.k16.static_persistent_walk
     assert base.replace(cluster_m=2).short_name().endswith("+cluster_2")
     for bad in ({"cluster_m": 4}, {"cluster_m": 0}, {"cluster_m": 2, "persistent": False},
                 {"cluster_m": 2, "dynamic_tiles": True}):

@@ -322,7 +322,7 @@ class FlashConfig:
                               "persistent")
         if self.cluster_m not in (1, 2):
             raise ConfigError(f"cluster_m must be 1 or 2, got {self.cluster_m!r}")
-        if self.cluster_m > 1 and (not self.persistent or self.dynamic_tiles):
+        if self.cluster_m > 1 and not self.static_persistent_walk:
             raise ConfigError("cluster_m pairs the tiles of a persistent static walk: it needs "
                               "persistent without dynamic_tiles")
         if self.rescale_o_before_pv and not self.intra_wg_overlap:
@@ -346,6 +346,12 @@ class FlashConfig:
     def num_threads(self) -> int:
         """Threads per CTA (with ``wgmma``, the producer warpgroup's 128 included)."""
         return 32 * self.num_warps + (128 if self.wgmma else 0)
+
+    @property
+    def static_persistent_walk(self) -> bool:
+        """A ``wgmma`` kernel whose persistent CTAs walk a fixed order of tiles (no
+        ``dynamic_tiles`` counter): what clusters of CTAs (``cluster_m``) pair the tiles of."""
+        return self.wgmma and self.persistent and not self.dynamic_tiles
 
     def replace(self, **changes: object) -> FlashConfig:
         """A copy with some knobs changed (validated like any new config)."""

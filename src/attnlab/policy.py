@@ -249,8 +249,8 @@ def paired_row_blocks(config: FlashConfig, head_dim: int, seqlen_q: int) -> Flas
     neither packed nor with a short K/V walk) with its row blocks paired in clusters of two
     that share their K/V loads (``_CLUSTER_HEAD_DIMS``), where ``seqlen_q`` queries make an
     even count of them; otherwise ``config``."""
-    if (head_dim in _CLUSTER_HEAD_DIMS and config.wgmma and config.persistent
-            and not config.dynamic_tiles and -(-seqlen_q // config.block_m) % 2 == 0):
+    if (head_dim in _CLUSTER_HEAD_DIMS and config.static_persistent_walk
+            and -(-seqlen_q // config.block_m) % 2 == 0):
         return config.replace(cluster_m=2)
     return config
 
