@@ -191,15 +191,14 @@ _SHORT_KV_TILE = {"block_n": 80, "fence_p": True}
 _SHORT_KV_HEAD_DIMS = (64, 128)
 #: K and V multicast to clusters of two CTAs (``cluster_m``; docs/ladder.md, forty-third
 #: session, H100): unmasked dense problems at hd128, hd192 and hd256 whose row blocks pair up
-#: (an
-#: odd count leaves a CTA a tile past the end and the walk a wave longer: hd64 at 8k, 43
+#: (an odd count leaves a CTA a tile past the end and the walk a wave longer: hd64 at 8k, 43
 #: blocks, lost 4-10 %). Under the power cap a call took 2-3 % less energy and ran 2.4 %
 #: (hd128, six rounds on two machines) and 3.4 % (hd256, two rounds) faster at 16k (on an
-#: H200 1.8 and 2.0 %, and end to end +0 to +1 % at every point); device
-#: only +0.7 to +1.7 % (hd128) and -0.3 to +1.6 % (hd256) from 1k to 4k, -1.4 to +0.8 % at
-#: 16k; end to end -1.2 to +1.1 %; hd192 (one run) -0.4 to +2.3 % end to end, +2.7 % under the
-#: cap. hd64 (+1.2 % sustained, -2 to +1 % end to end), hd96 (-1.4 to -2.4 %), hd32 (-4 % in
-#: bf16, +4 % in fp16: one run, not taken) and short K/V walks keep one CTA.
+#: H200 1.8 and 2.0 %, and end to end +0 to +1 % at every point); device only +0.7 to +1.7 %
+#: (hd128) and -0.3 to +1.6 % (hd256) from 1k to 4k, -1.4 to +0.8 % at 16k; end to end -1.2
+#: to +1.1 %; hd192 (one run) -0.4 to +2.3 % end to end, +2.7 % under the cap. hd64 (+1.2 %
+#: sustained, -2 to +1 % end to end), hd96 (-1.4 to -2.4 %), hd32 (-4 % in bf16, +4 % in
+#: fp16: one run, not taken) and short K/V walks keep one CTA.
 _CLUSTER_HEAD_DIMS = (128, 192, 256)
 _FA3_SCHEDULE = {"intra_wg_overlap": True, "pingpong": True}
 SM90A_WGMMA_KNOBS: dict[tuple[int, bool], dict[str, object]] = {

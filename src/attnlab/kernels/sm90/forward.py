@@ -39,11 +39,11 @@ straight from the S registers, O normalised once); what changes is who does the 
   CTAs of a cluster compute neighbouring row blocks of one head, so they walk the same K/V
   blocks: each loads half of every block and the TMA unit writes it into both CTAs' rings
   (FA3's cluster on Hopper), so the L2 reads each block once per two row blocks (the SMs
-  still receive every byte). A stage's full barrier
-  counts both halves' bytes; its empty barrier counts both CTAs' consumer warps (each warp
-  releases the stage in both CTAs), so neither producer refills a stage the other CTA still
-  reads; before a CTA exits, its producer waits until every stage has been released, so no
-  release from the other CTA arrives after it.
+  still receive every byte). A stage's full barrier counts both halves' bytes; its empty
+  barrier counts both CTAs' consumer warps (each warp releases the stage in both CTAs), so
+  neither producer refills a stage the other CTA still reads; before a CTA exits, its
+  producer waits until every stage has been released, so no release from the other CTA
+  arrives after it.
 * **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
   three share the registers three ways (160 each), enough at small head dims, where a taller
   tile loads K and V once for more rows.
