@@ -106,6 +106,9 @@
 #   explain  attnlab profile (ncu) and roofline
 #   profile  ncu of the default against cuDNN and FA4 where the Hopper table misses (causal hd64,
 #            hd256)
+#   repeat N EXPR [WORKERS]  the GPU tests selected by -k EXPR, N times over (12 workers by
+#            default), each run's failures kept in full (repeat-K.log): for a failure that
+#            does not come back when its test runs alone
 # Results (JSON, PNG, one log) go to $OUT (default ./results); tables print as they come.
 set -uo pipefail
 mode=${1:-test}
@@ -125,6 +128,13 @@ case $mode in
     python3 -m pytest -m "gpu and not large_memory" -q -p no:cacheprovider -n 12 2>&1 \
       | tee -a "$log" | tail -15
     python3 -m pytest -m "gpu and large_memory" -q -p no:cacheprovider 2>&1 | tee -a "$log" | tail -3
+    ;;
+  repeat)
+    for k in $(seq "$2"); do
+      python3 -m pytest -m "gpu and not large_memory" -k "$3" -q -p no:cacheprovider \
+        -n "${4:-12}" -rfE --tb=long > "$OUT/repeat-$k.log" 2>&1
+      echo "run $k: $(tail -1 "$OUT/repeat-$k.log")" | tee -a "$log"
+    done
     ;;
   bench)
     attnlab bench --host --out "$OUT"

@@ -221,6 +221,29 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     assert dispatch.config_for(device, problem(4096)) == tall.replace(cluster_m=2)
 
 
+def test_a_tuned_cluster_entry_pairs_only_row_blocks_that_pair_up(fake_h200):
+    """An entry tuned with clusters of two serves its whole length bucket: where a length
+    makes an odd count of row blocks (3900 queries, 31 of 128), the entry runs without them
+    (a cluster would idle on a wasted tile)."""
+    clustered = policy.default_for("sm_90a", 128).replace(cluster_m=2, block_n=144)
+    fake_h200.put(KEY, clustered)
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.config_for(H200, problem(4096)) == clustered
+    assert dispatch.config_for(H200, problem(3840)) == clustered  # 30 row blocks
+    assert dispatch.config_for(H200, problem(3900)) == clustered.replace(cluster_m=1)
+
+
+def test_dispatch_remembers_a_bounded_number_of_choices(fake_h200, monkeypatch):
+    """Plain problems' choices are keyed by exact query length: a server that sees many
+    lengths keeps the newest ``MAX_CHOICES`` of them, each still chosen right."""
+    monkeypatch.setattr(dispatch, "MAX_CHOICES", 4)
+    for seqlen in range(1000, 1010):
+        assert dispatch.config_for(H200, problem(seqlen)).cluster_m == 2
+    assert len(dispatch._chosen) == 4
+    assert dispatch.config_for(H200, problem(1025)).cluster_m == 1  # 9 row blocks
+
+
 def test_dispatch_pairs_row_blocks_where_they_pair_up(fake_h200):
     """Unmasked dense problems at hd128, hd192 and hd256 share their K/V loads in clusters of
     two where their row blocks (128 rows) pair up; an odd count, hd64, hd96, hd32, a mask,

@@ -18,6 +18,7 @@ from attnlab.policy import (
     default_for,
     one_cta_per_tile,
     paired_row_blocks,
+    row_blocks_pair,
 )
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ __all__ = ["arch_of", "config_for", "reload_tune_cache", "tune_cache", "tune_key
 
 _cache: TuneCache | None = None
 _chosen: dict[tuple, FlashConfig] = {}
+#: How many choices ``config_for`` remembers (each a few hundred bytes; the oldest goes first).
+MAX_CHOICES = 4096
 
 
 def tune_key(gpu: DeviceInfo, dtype: str, head_dim: int, seqlen_q: int,
@@ -74,6 +77,9 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
         key += (problem.seqlen_q,)
     config = _chosen.get(key)
     if config is None:
+        if len(_chosen) >= MAX_CHOICES:
+            # Keys hold exact lengths: a server seeing many keeps the newest choices only.
+            del _chosen[next(iter(_chosen))]
         config = _chosen[key] = _choose(gpu, problem, bucket, short_kv)
     return config
 
@@ -91,8 +97,11 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
     # the wgmma kernel's boxes start at each sequence): such an entry gives way to the
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
-        # The plain entry serves packed sequences too, whose row blocks no cluster shares.
-        return tuned.replace(cluster_m=1) if problem.varlen else tuned
+        # The plain entry serves packed sequences too, whose row blocks no cluster shares, and
+        # every length of its bucket, whose row blocks may not pair.
+        if problem.varlen or not row_blocks_pair(tuned, problem.seqlen_q):
+            return tuned.replace(cluster_m=1)
+        return tuned
     config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
                          bucket, short_kv)
     if config.persistent and problem.windowed:

@@ -249,9 +249,16 @@ def paired_row_blocks(config: FlashConfig, head_dim: int, seqlen_q: int) -> Flas
     that share their K/V loads (``_CLUSTER_HEAD_DIMS``), where ``seqlen_q`` queries make an
     even count of them; otherwise ``config``."""
     if (head_dim in _CLUSTER_HEAD_DIMS and config.static_persistent_walk
-            and -(-seqlen_q // config.block_m) % 2 == 0):
+            and row_blocks_pair(config, seqlen_q)):
         return config.replace(cluster_m=2)
     return config
+
+
+def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
+    """Whether ``seqlen_q`` queries make an even count of ``config``'s row blocks: the count
+    where clusters of two CTAs (``cluster_m=2``) waste no tile (an odd count measured 4-10 %
+    slower with them, docs/ladder.md, forty-third session)."""
+    return -(-seqlen_q // config.block_m) % 2 == 0
 
 
 def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> FlashConfig:
