@@ -125,14 +125,15 @@ case $mode in
   test)
     attnlab cache --warm --jobs 16
     # The 2**31-element tests alone: beside 11 other workers they ran out of an H100's 80 GB.
-    python3 -m pytest -m "gpu and not large_memory" -q -p no:cacheprovider -n 12 2>&1 \
+    ATTNLAB_TEST_MEMORY_LOG=$OUT/memory.txt python3 -m pytest -m "gpu and not large_memory" -q \
+      -p no:cacheprovider -n 12 -rfE 2>&1 \
       | tee -a "$log" | tail -15
     python3 -m pytest -m "gpu and large_memory" -q -p no:cacheprovider 2>&1 | tee -a "$log" | tail -3
     ;;
   repeat)
     for k in $(seq "$2"); do
-      python3 -m pytest -m "gpu and not large_memory" -k "$3" -q -p no:cacheprovider \
-        -n "${4:-12}" -rfE --tb=long > "$OUT/repeat-$k.log" 2>&1
+      ATTNLAB_TEST_MEMORY_LOG=$OUT/memory.txt python3 -m pytest -m "gpu and not large_memory" \
+        -k "$3" -q -p no:cacheprovider -n "${4:-12}" -rfE --tb=long > "$OUT/repeat-$k.log" 2>&1
       echo "run $k: $(tail -1 "$OUT/repeat-$k.log")" | tee -a "$log"
     done
     ;;

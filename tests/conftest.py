@@ -33,6 +33,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_memory_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each GPU test, its cached GPU memory goes back to the driver: pytest-xdist's
+    workers share one GPU, and a worker that kept the blocks of its largest test (10-15 GiB
+    seen) ran the next big test of another worker out of memory. With
+    ``ATTNLAB_TEST_MEMORY_LOG`` set, each GPU test's peak (GiB reserved) is appended there."""
+    gpu = "gpu" in request.keywords and torch.cuda.is_available()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    yield
+    if gpu:
+        log = os.environ.get("ATTNLAB_TEST_MEMORY_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{torch.cuda.max_memory_reserved() / 2**30:.2f} {request.node.nodeid}\n")
+        torch.cuda.empty_cache()
+
+
 def _make_qkv(
     batch: int = 2,
     seqlen_q: int = 16,
