@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,17 +38,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+#: How many ``medium_memory`` tests run at once among pytest-xdist's workers (one lock file
+#: a slot): two of the largest (7.6 GiB peak on an H100) beside ten others (2.6 GiB at most)
+#: and twelve CUDA contexts fit an 80 GB GPU with room to spare.
+MEDIUM_MEMORY_SLOTS = 2
+
+
+@contextlib.contextmanager
+def _medium_memory_slot(folder: Path | None = None) -> Iterator[None]:
+    """Hold one of ``MEDIUM_MEMORY_SLOTS`` machine-wide slots (exclusive locks on files in
+    ``folder``, by default the temporary directory) while the test runs."""
+    folder = Path(tempfile.gettempdir()) if folder is None else folder
+    files = [open(folder / f"attnlab-tests-memory-{slot}.lock", "w")
+             for slot in range(MEDIUM_MEMORY_SLOTS)]
+    try:
+        while True:
+            for f in files:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                yield
+                return
+            time.sleep(0.05)
+    finally:
+        for f in files:
+            f.close()  # closing a file releases its lock
+
+
 @pytest.fixture(autouse=True)
-def _gpu_memory_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each GPU test, its cached GPU memory goes back to the driver: pytest-xdist's
-    workers share one GPU, and a worker that kept the blocks of its largest test (10-15 GiB
-    seen) ran the next big test of another worker out of memory. With
-    ``ATTNLAB_TEST_MEMORY_LOG`` set, each GPU test's peak (GiB reserved) is appended there."""
-    gpu = "gpu" in request.keywords and torch.cuda.is_available()
-    if gpu:
+def _gpu_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """pytest-xdist's workers share one GPU. A ``medium_memory`` test waits for a slot
+    (``MEDIUM_MEMORY_SLOTS``), and after each GPU test its cached memory goes back to the
+    driver: a worker that kept the blocks of its largest test (10-15 GiB seen) ran another
+    worker's next big test out of memory. With ``ATTNLAB_TEST_MEMORY_LOG`` set, each GPU
+    test's peak (GiB reserved) is appended there."""
+    if not ("gpu" in request.keywords and torch.cuda.is_available()):
+        yield
+        return
+    apart = "medium_memory" in request.keywords and os.environ.get("PYTEST_XDIST_WORKER")
+    with _medium_memory_slot() if apart else contextlib.nullcontext():
         torch.cuda.reset_peak_memory_stats()
-    yield
-    if gpu:
+        yield
         log = os.environ.get("ATTNLAB_TEST_MEMORY_LOG")
         if log:
             with open(log, "a") as f:

@@ -395,6 +395,7 @@ def test_knob_configs_varlen(name, window):
     check_varlen(window, torch.float16, ladder.NAMED[name])
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("loads", [{}, ladder.TMA_RING, {"tma_kv_loads": True}],
                          ids=["cp_async", "tma_ring", "tma_one_stage"])
 def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
@@ -419,6 +420,7 @@ def test_persistent_ctas_loop_over_more_tiles_than_there_are_ctas(loads):
     check_dense(q, k, v, window=(-1, 0), config=config)
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_sm80_path_causal_hd128_forward_on_its_persistent_grid(dtype):
     """The mma.sync default on Hopper at causal hd128 (the sm80 path's forward: TMA ring,
@@ -433,6 +435,7 @@ def test_sm80_path_causal_hd128_forward_on_its_persistent_grid(dtype):
     check_dense(q, k, v, window=(-1, 0), config=config)
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("head_dim,knobs", [(64, {}), (128, {}), (128, {"kv_stages": 2}),
                                             (256, {})],
                          ids=["hd64", "hd128-o-in-q", "hd128-o-apart", "hd256"])
@@ -458,6 +461,7 @@ def test_wgmma_persistent(head_dim, knobs, window):
     check_varlen(window, torch.bfloat16, config, head_dim)
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("head_dim,knobs", [(128, {}), (64, {}),
                                             (256, {"lpt": True, "l2_section_mb": 1024})],
                          ids=["hd128", "hd64", "hd256-global-lpt"])
@@ -488,6 +492,7 @@ def test_wgmma_dynamic_tiles(head_dim, knobs, window):
     assert all(int(c.abs().sum()) == 0 for c in counters._counters.values())
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("kernel", ["mma_sync", "mma_sync_persistent", "wgmma"])
 @pytest.mark.parametrize("window", [(-1, 0), (64, 0)], ids=["causal", "win"])
 def test_longest_first_over_l2_sections(kernel, window):

@@ -44,6 +44,7 @@ def check(c, a, b, out_dtype, what=""):
     assert err < TOLERANCE[out_dtype], f"{what}: relative error {err:.2e}"
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 4096),
                                    (256, 256, 8192), (128, 128, 8192), (1, 4096, 4096),
@@ -303,6 +304,7 @@ def test_sparse_24_matches_the_dense_product_of_its_kept_values(shape, dtype, ke
     check(sparse_matmul(s, b, config=config), decompress(s), b, dtype, str(shape))
 
 
+@pytest.mark.medium_memory
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("shape", [(128, 128, 64), (256, 384, 1024), (333, 200, 136),
                                    (1, 128, 40), (2048, 2048, 2048)])
