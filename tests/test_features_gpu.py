@@ -681,13 +681,14 @@ def lazy_inputs(keys: str, head_dim: int, dtype, seed: int):
     return q, k, v
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("keys", ["random", "rising", "mixed"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
 def test_wgmma_lazy_rescale(head_dim, keys, window):
     """Row maxima kept while they grow by at most 2^8 (``lazy_rescale``), O rescaled where a
     warp's rows moved: maxima that settle, that jump at every block, and both within one warp;
-    O rescaled before or after P V; masks (rows without keys keep -inf), packed sequences."""
+    O rescaled before or after P V; masks (rows without keys keep -inf), packed sequences;
+    unmasked, also in clusters of two CTAs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90a")
     base = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
@@ -698,6 +699,8 @@ def test_wgmma_lazy_rescale(head_dim, keys, window):
         check_dense(q, k, v, window=window, config=config)
     q, k, v = lazy_inputs(keys, head_dim, torch.float16, seed=head_dim + 7)
     check_dense(q, k, v, window=window, config=base)
+    if window == (-1, -1):
+        check_dense(q, k, v, window=window, config=base.replace(cluster_m=2))
     check_varlen(window, torch.float16, base, head_dim)
 
 
