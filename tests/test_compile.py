@@ -483,7 +483,7 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
     consumer warpgroups); ``pingpong`` adds only named-barrier turns (a sync and an arrive per
     loop body, one arrive to start)."""
     base = policy.default_for("sm_90a", head_dim, windowed).replace(
-        intra_wg_overlap=False, pingpong=False, rescale_o_before_pv=False)
+        intra_wg_overlap=False, pingpong=False, rescale_o_before_pv=False, lazy_rescale=False)
     bodies = 3 if windowed else 2
     k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
 
@@ -569,7 +569,7 @@ def test_rescale_o_before_pv_moves_the_rescale_under_q_k(head_dim, artifact_dir)
     assert ops[True]["WARPGROUP"] == ops[False]["WARPGROUP"]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("rescale_first", [False, True], ids=["after_pv", "before_pv"])
 def test_lazy_rescale_branches_around_the_o_rescale(head_dim, rescale_first, artifact_dir):
     """``lazy_rescale``: each loop body votes once whether any row of the warp moved its

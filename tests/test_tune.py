@@ -38,11 +38,11 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
     default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order on one
-    CTA per tile: the others are the refinement's), Ampere's space has none; a wgmma tile's
-    neighbours are its ring depths, schedules and grids (without a mask also the persistent
-    walk in clusters of two), within shared memory, at a B_c that is not a power of two
-    ``fence_p`` too, under a mask both tile orders, and the tile itself with the other
-    ``lazy_rescale``."""
+    CTA per tile, rescaling eagerly: the others are the refinement's), Ampere's space has
+    none; a wgmma tile's neighbours are its ring depths, schedules and grids (without a mask
+    also the persistent walk in clusters of two), within shared memory, at a B_c that is not
+    a power of two ``fence_p`` too, under a mask both tile orders, and the tile itself with
+    the other ``lazy_rescale``."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -50,7 +50,7 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
         default = policy.default_for("sm_90a", head_dim, windowed)
         assert default.replace(lpt=False, l2_section_mb=40, persistent=False,
-                               dynamic_tiles=False) in wgmma
+                               dynamic_tiles=False, lazy_rescale=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     # Three ring depths, each schedule, three grids; and the tile with lazy rescaling.

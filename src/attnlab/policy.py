@@ -95,6 +95,15 @@ _LATE_O = {"late_o_addresses": True}
 #: turns and O rescaled under the next S = Q K^T: +2.7 % device only (+2.9 % end to end)
 #: unmasked, +2.5 % (+3.5 %) causal, where either alone had measured within 1 %.
 _FA4_HD256 = {"pingpong": False, **_RESCALE_FIRST}
+#: hd256 keeps its row maxima within 2^8 and skips O's rescale (128 multiplies a thread and
+#: block, 28 % of the loop body) where no row of a warp moved (``lazy_rescale``), plain and
+#: masked at every length of the long tiles (forty-fifth session, H100, 16k tokens, end to
+#: end (device only), default -> lazy): plain bf16 2k 658 (725) -> 663 (740), 4k 696 (769) ->
+#: 701 (782), 8k 732 (779) -> 739 (789), 16k 742 (798) -> 750 (809); fp16 2k 654 (700) ->
+#: 660 (713), 8k 713 (752) -> 719 (764), 16k 719 (763) -> 727 (774); causal bf16 8k 703
+#: (760) -> 714 (777), 16k 733 (778) -> 740 (789), fp16 8k 682 (722) -> 691 (736), 16k 712
+#: (752) -> 725 (767). Packed sequences take it too (their tests pass; not timed).
+_LAZY = {"lazy_rescale": True}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
@@ -112,9 +121,10 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
-    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_FA4_HD256, **_PERSISTENT},
+    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_FA4_HD256, **_LAZY,
+                   **_PERSISTENT},
     (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
-                  "l2_section_mb": 16, **_FA4_HD256, **_DYNAMIC},
+                  "l2_section_mb": 16, **_FA4_HD256, **_LAZY, **_DYNAMIC},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
 #: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
@@ -176,8 +186,9 @@ MID_MASKED_SEQLEN = 2048
 #: -> 553; 4k hd64 471 -> 480 and 466 -> 474 (bf16), 455 -> 461 and 452 -> 460 (fp16), hd128
 #: 640 -> 652 and 629 -> 642 (bf16), 618 -> 624 and 614 -> 619 (fp16), hd256 700 -> 722 (bf16),
 #: 686 -> 699 (fp16); from 8k even (-0.8 to +0.3 %), plain problems -2 to 0 %
-#: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed).
-_LAZY_MASKED_HEAD_DIMS = (64, 128, 256)
+#: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed). hd256's long
+#: tiles have it at every length (``_LAZY``).
+_LAZY_MASKED_HEAD_DIMS = (64, 128)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
 #: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
@@ -216,7 +227,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
     ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
     ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first), below
-    it at hd64/128/256 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``);
+    it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd256's tiles have it);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
