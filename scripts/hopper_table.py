@@ -1,7 +1,7 @@
 """The Hopper forward table of issue 19, in one run: attnlab's default against FA4, cuDNN and
 FA2 (SDPA flash), bf16 and fp16, end to end and device only.
 
-Usage (GPU): python scripts/hopper_table.py [--out DIR] [--runs N] [--quick]
+Usage (GPU): python scripts/hopper_table.py [--out DIR] [--runs N] [--quick] [--head-dims 256]
        (no GPU): python scripts/hopper_table.py --summarize OUT/hopper_table.json
 Points: hd 64 / 128 / 256 over seq 1k-16k (16k tokens, hidden 2048), causal and not; hd 32 /
 96 / 192 at seq 4k (batch 4, 16 heads); GQA 32/8 at hd128 seq 4k; one ragged varlen batch
@@ -37,9 +37,14 @@ VARLEN_SEQLENS = [4096, 256, 3072, 1024, 2048, 512, 4096, 1536, 2560, 768, 3584,
                   1792, 3328, 512]
 
 
-def grid(dtypes: list[str], quick: bool) -> list[Point]:
+def grid(dtypes: list[str], quick: bool, head_dims: list[int] | None = None) -> list[Point]:
+    """The table's dense points; ``head_dims``: only the seq 1k-16k rows of these (64, 128,
+    256), e.g. after a change to one head dim's kernel."""
     seqlens = [4096, 16384] if quick else [1024, 2048, 4096, 8192, 16384]
-    points = tokens_grid(16384, 2048, seqlens, [64, 128, 256], dtypes, (False, True))
+    points = tokens_grid(16384, 2048, seqlens, head_dims or [64, 128, 256], dtypes,
+                         (False, True))
+    if head_dims:
+        return points
     points += [Point(4, 4096, 4096, 16, hd, dtype, causal)
                for dtype in dtypes for causal in (False, True) for hd in (32, 96, 192)]
     points += tokens_grid(16384, 4096, [4096], [128], dtypes, (False, True), gqa_group=4)
@@ -140,6 +145,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="seq 4k and 16k only, bf16")
+    parser.add_argument("--head-dims", default=None,
+                        help="only the seq 1k-16k rows of these head dims (comma-separated "
+                             "among 64,128,256; no varlen, GQA or other head dims)")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="print the summary of a saved hopper_table.json and exit")
     args = parser.parse_args()
@@ -159,10 +167,12 @@ def main() -> None:
         (args.out / "hopper_table.json").write_text(json.dumps(
             {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
-    for dtype in dtypes:
-        for causal in (False, True):
-            add(varlen_rows(dtype, causal, args.runs))
-    for point in grid(dtypes, args.quick):
+    head_dims = [int(h) for h in args.head_dims.split(",")] if args.head_dims else None
+    if head_dims is None:
+        for dtype in dtypes:
+            for causal in (False, True):
+                add(varlen_rows(dtype, causal, args.runs))
+    for point in grid(dtypes, args.quick, head_dims):
         add(dense_row(measure_point(point, impls, runs=args.runs)))
     print("\n".join(summary(rows)))
 
