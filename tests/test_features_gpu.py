@@ -681,7 +681,7 @@ def lazy_inputs(keys: str, head_dim: int, dtype, seed: int):
     return q, k, v
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("keys", ["random", "rising", "mixed"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
 def test_wgmma_lazy_rescale(head_dim, keys, window):

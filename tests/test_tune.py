@@ -62,8 +62,9 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
                                                  256)} == {2}
     assert not any(c.fence_p for c in around)
     # B_c = 96 (hd192's default) also tries P pinned before the P V MMAs.
-    wide = [c for c in knob_neighbours(policy.default_for("sm_90a", 192), "sm_90a", 192)
-            if not c.lazy_rescale]
+    hd192 = policy.default_for("sm_90a", 192)
+    wide = [c for c in knob_neighbours(hd192, "sm_90a", 192)
+            if c.lazy_rescale == hd192.lazy_rescale]
     assert {c.fence_p for c in wide} == {False, True}
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,

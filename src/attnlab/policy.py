@@ -102,7 +102,15 @@ _FA4_HD256 = {"pingpong": False, **_RESCALE_FIRST}
 #: 701 (782), 8k 732 (779) -> 739 (789), 16k 742 (798) -> 750 (809); fp16 2k 654 (700) ->
 #: 660 (713), 8k 713 (752) -> 719 (764), 16k 719 (763) -> 727 (774); causal bf16 8k 703
 #: (760) -> 714 (777), 16k 733 (778) -> 740 (789), fp16 8k 682 (722) -> 691 (736), 16k 712
-#: (752) -> 725 (767). Packed sequences take it too (their tests pass; not timed).
+#: (752) -> 725 (767). Packed sequences take it too (their tests pass; not timed). hd192
+#: (96 multiplies, 22 % of its plain body) likewise, plain and masked at every length
+#: (forty-sixth session, H100, the same shapes, seq 2k-16k): plain bf16 657 (713) -> 660
+#: (723), 727 (778) -> 731 (790), 741 (786) -> 743 (794), 774 (808) -> 785 (808); fp16 628
+#: (690) -> 640 (707), 693 (748) -> 704 (768), 715 (751) -> 721 (771), 735 (768) -> 754
+#: (786); causal bf16 531 (556) -> 529 (560), 628 (678) -> 632 (688), 695 (730) -> 698
+#: (744), 734 (772) -> 734 (783); fp16 505 (541) -> 510 (550), 614 (662) -> 617 (671), 684
+#: (712) -> 683 (717), 722 (750) -> 721 (756): device only +0 to +2.7 % at every point, end
+#: to end -0.4 to +2.6 %.
 _LAZY = {"lazy_rescale": True}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
@@ -119,8 +127,8 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
                  **_DYNAMIC},
     (128, False): {"block_n": 128, "kv_stages": 2, "pingpong": False, **_PERSISTENT},
     (128, True): {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
-    (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_PERSISTENT},
-    (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True},
+    (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_LAZY, **_PERSISTENT},
+    (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True, **_LAZY},
     (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_FA4_HD256, **_LAZY,
                    **_PERSISTENT},
     (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
@@ -186,8 +194,8 @@ MID_MASKED_SEQLEN = 2048
 #: -> 553; 4k hd64 471 -> 480 and 466 -> 474 (bf16), 455 -> 461 and 452 -> 460 (fp16), hd128
 #: 640 -> 652 and 629 -> 642 (bf16), 618 -> 624 and 614 -> 619 (fp16), hd256 700 -> 722 (bf16),
 #: 686 -> 699 (fp16); from 8k even (-0.8 to +0.3 %), plain problems -2 to 0 %
-#: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed). hd256's long
-#: tiles have it at every length (``_LAZY``).
+#: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed). hd192's tiles
+#: and hd256's long ones have it at every length (``_LAZY``).
 _LAZY_MASKED_HEAD_DIMS = (64, 128)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
@@ -227,7 +235,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
     ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
     ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first), below
-    it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd256's tiles have it);
+    it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd192's and hd256's tiles
+    have it);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
