@@ -120,9 +120,9 @@ for _head_dim in VARIANTS:
     VARIANTS[_head_dim]["late_o"] = {"late_o_addresses": True}
 VARIANTS[64]["late_o_rescale_after"] = {"late_o_addresses": True, "rescale_o_before_pv": False}
 #: Lazy rescaling (thirty-eighth session): rows keep their maxima within 2^8, a warp skips O's
-#: rescale where none moved.
+#: rescale where none moved; ``eager`` is the walk without it where the default has it.
 for _head_dim in VARIANTS:
-    VARIANTS[_head_dim]["lazy"] = {"lazy_rescale": True}
+    VARIANTS[_head_dim].update(lazy={"lazy_rescale": True}, eager={"lazy_rescale": False})
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
