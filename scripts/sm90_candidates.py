@@ -124,6 +124,13 @@ VARIANTS[64]["late_o_rescale_after"] = {"late_o_addresses": True, "rescale_o_bef
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim].update(lazy={"lazy_rescale": True}, eager={"lazy_rescale": False})
 
+#: Each row's sum started from the old sum times its correction (forty-seventh session): in
+#: the CPU build the correction's exp2 moves ahead of P's and O's rescale under them;
+#: ``corr_last`` is the walk without it where the default has it.
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim].update(corr_first={"correction_first": True},
+                               corr_last={"correction_first": False})
+
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
 #: ``no_cluster`` is the walk without.

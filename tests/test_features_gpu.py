@@ -704,6 +704,27 @@ def test_wgmma_lazy_rescale(head_dim, keys, window):
     check_varlen(window, torch.float16, base, head_dim)
 
 
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 128)], ids=["full", "causal", "band"])
+def test_wgmma_correction_first(head_dim, window):
+    """Row sums started from the old sum times its correction (``correction_first``): maxima
+    that jump at every block (each correction far from 1) and that settle, with O rescaled
+    after or before P V and lazily; masks, packed sequences, both dtypes."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    base = policy.default_for("sm_90a", head_dim, window != (-1, -1)).replace(
+        correction_first=True)
+    for i, knobs in enumerate(({"rescale_o_before_pv": False, "lazy_rescale": False},
+                               {"rescale_o_before_pv": True, "lazy_rescale": False},
+                               {"lazy_rescale": True})):
+        for keys in ("rising", "random"):
+            q, k, v = lazy_inputs(keys, head_dim, torch.bfloat16, seed=head_dim + i)
+            check_dense(q, k, v, window=window, config=base.replace(**knobs))
+    q, k, v = lazy_inputs("mixed", head_dim, torch.float16, seed=head_dim + 5)
+    check_dense(q, k, v, window=window, config=base)
+    check_varlen(window, torch.float16, base, head_dim)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_wgmma_cluster_multicast(head_dim, dtype):

@@ -164,6 +164,12 @@ class FlashConfig:
             and block that rarely change anything once the maxima settle. The default for
             dense masked problems from 2k to below 8k queries at hd64/128/256 (+1-3 % there;
             docs/ladder.md, thirty-eighth session).
+        correction_first: (wgmma with intra_wg_overlap) each row's sum starts from the old sum
+            times the row's correction (FA4's order) instead of adding the block's sum to it
+            at the end. The correction's exp2 is then needed first, so ptxas issues it ahead
+            of P's exponentials (the ``MUFU`` queue is in order) and O's rescale after the P
+            V wait runs under them; otherwise it waits for the last exponential and the
+            D / 2 multiplies end the loop body (docs/ladder.md, forty-seventh session).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -216,6 +222,7 @@ class FlashConfig:
     rescale_o_before_pv: bool = False
     late_o_addresses: bool = False
     lazy_rescale: bool = False
+    correction_first: bool = False
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
@@ -297,9 +304,10 @@ class FlashConfig:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
               or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
-              or self.lazy_rescale or self.cluster_m != 1):
+              or self.lazy_rescale or self.correction_first or self.cluster_m != 1):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
-                              "dynamic_tiles, late_o_addresses, lazy_rescale and cluster_m "
+                              "dynamic_tiles, late_o_addresses, lazy_rescale, "
+                              "correction_first and cluster_m "
                               "schedule the warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -331,6 +339,10 @@ class FlashConfig:
         if self.lazy_rescale and not self.intra_wg_overlap:
             raise ConfigError("lazy_rescale skips the O rescale that intra_wg_overlap splits "
                               "off the softmax: it needs intra_wg_overlap")
+        if self.correction_first and not self.intra_wg_overlap:
+            raise ConfigError("correction_first orders the row sums of the softmax that "
+                              "intra_wg_overlap splits from O's rescale: it needs "
+                              "intra_wg_overlap")
         if self.pingpong and self.num_warps == 4:
             raise ConfigError("pingpong takes turns between consumer warpgroups: it needs two "
                               "or three (num_warps 8 or 12), got one")
@@ -377,7 +389,8 @@ class FlashConfig:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
                                         "rescale_o_before_pv", "late_o_addresses",
-                                        "lazy_rescale", "persistent", "dynamic_tiles")
+                                        "lazy_rescale", "correction_first", "persistent",
+                                        "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             if self.cluster_m > 1:

@@ -80,17 +80,20 @@ class OnlineSoftmax:
     #: Keep a row's maximum while it grows by at most ``LAZY_RESCALE_LOG2`` (module
     #: docstring); ``step`` and ``rescale_o`` only.
     lazy: cutlass.Constexpr = False
+    #: ``step`` starts each row's sum from the old sum times its correction
+    #: (``FlashConfig.correction_first``).
+    correction_first: cutlass.Constexpr = False
 
     @classmethod
     def create(cls, num_rows: int, softmax_scale: cutlass.Float32, fused: bool,
-               guard_empty_rows: bool, sum_chains: int = 1,
-               lazy: bool = False) -> "OnlineSoftmax":
+               guard_empty_rows: bool, sum_chains: int = 1, lazy: bool = False,
+               correction_first: bool = False) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         return cls(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E, fused,
-                   guard_empty_rows, sum_chains, lazy)
+                   guard_empty_rows, sum_chains, lazy, correction_first)
 
     @cute.jit
     def update(self, acc_s: cute.Tensor, acc_o: cute.Tensor, first: cutlass.Constexpr = False):
@@ -113,7 +116,8 @@ class OnlineSoftmax:
         ``corrections``; ``rescale_o`` applies it once nothing reads O any more."""
         s_mn = acc_mn_view(acc_s)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            corrections[r] = self._row_update(s_mn, r, False)
+            corrections[r] = self._row_update(s_mn, r, False,
+                                              seed_sum=self.correction_first)
 
     @cute.jit
     def rescale_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
@@ -134,9 +138,15 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             o_mn[r, None] = o_mn[r, None].load() * corrections[r]
 
-    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool):
+    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool, seed_sum: bool = False):
         """Row ``r`` of the tile: P in place of S, the row's max and sum updated; returns
-        the factor O's row must be rescaled by (unused for the first tile)."""
+        the factor O's row must be rescaled by (unused for the first tile).
+
+        ``seed_sum`` (one chain, not the first tile): the row's sum starts from the old sum
+        times the correction instead of adding the tile's sum to it at the end. Needed
+        first, the correction's exp2 is issued ahead of P's (the ``MUFU`` queue is in
+        order), so ``step``'s caller can rescale O under P's exponentials instead of after
+        the last of them."""
         row = self._scores(s_mn[r, None].load())
         m_old = self.row_max[r]
         m_new = self._new_max(row, m_old, first)
@@ -153,6 +163,9 @@ class OnlineSoftmax:
             correction = self._select(keep, cutlass.Float32(1.0), correction)
         self.row_max[r] = m_new
         s_mn[r, None] = p
+        if cutlass.const_expr(seed_sum and self.sum_chains == 1 and not first):
+            self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * correction, 0)
+            return correction
         if cutlass.const_expr(self.sum_chains > 1):
             tile_sum = self._sum(s_mn, r, 0, cute.size(s_mn, mode=[1]))
         else:

@@ -502,7 +502,8 @@ class FlashForwardSm90(ForwardKernel):
         acc_O.fill(0.0)
         softmax = OnlineSoftmax.create(
             cute.size(acc_mn_view(acc_O), mode=[0]), softmax_scale, cfg.fused_softmax,
-            guard_empty_rows=self.windowed or self.varlen, lazy=cfg.lazy_rescale)
+            guard_empty_rows=self.windowed or self.varlen, lazy=cfg.lazy_rescale,
+            correction_first=cfg.correction_first)
         tScS_mn = acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor(
             (cfg.block_m, cfg.block_n))))
 
