@@ -199,22 +199,28 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     moving O's rescale ahead of P V no MMA either, clusters of two only their multicast loads
     and cluster barrier), the third consumer warpgroup only its own
     64-row atom (HGMMA per warpgroup unchanged) and 128 threads (the rescale moved there too,
-    the hd64 default until the epilogue's addresses moved after the loop)."""
+    the hd64 default until the epilogue's addresses moved after the loop); the row sums
+    started from the corrected old sums (the hd64 default) only move O's rescale from after
+    the last exponential to under them."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
+    # ``attnlab ladder`` labels every row it measures by its step's name.
+    assert set(ladder.NAMED) <= set(ladder.STEP_NAMES)
     assert ladder.named_for("sm_80", 64, "sm90") == {}
     assert rows["wg_free"] == policy.default_for("sm_90a", 128)
     assert rows["wg_cluster"] == policy.paired_row_blocks(rows["wg_free"], 128, 4096)
-    assert rows["wg_persistent"] == policy.default_for("sm_90a", 128, windowed=True)
-    assert rows["wg_tall_late_o"] == policy.default_for("sm_90a", 64)
-    ops, exps_first = {}, {}
+    assert rows["wg_persistent"].replace(correction_first=True) == policy.default_for(
+        "sm_90a", 128, windowed=True)
+    assert rows["wg_tall_correction_first"] == policy.default_for("sm_90a", 64)
+    ops, exps_first, tails = {}, {}, {}
     for name, cfg in rows.items():
         art = compile_config(cfg, "sm_90a", head_dim=64, out_dir=artifact_dir)
         sass_text = disassemble(art.cubin)
         assert not read_resources(art.cubin, sass_text).spills, name
         ops[name] = histogram(parse(sass_text))
         exps_first[name] = _exps_before_pv_wait(sass_text)
+        tails[name] = _fmuls_after_last_exp(sass_text)
     # The epilogue's addresses built after the loop: ptxas waits for the previous block's
     # P V after some of this block's exponentials, not before the first.
     assert max(exps_first["wg_tall"]) == 0 < min(exps_first["wg_tall_late_o"])
@@ -232,6 +238,10 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
+    # O's 32 multiplies a thread: after the block's last exponential, or under them.
+    assert max(tails["wg_tall_late_o"]) == 32 and max(tails["wg_tall_correction_first"]) == 0
+    for op in ("HGMMA", "MUFU", "FMUL"):
+        assert ops["wg_tall_correction_first"][op] == ops["wg_tall_late_o"][op], op
 
 
 def _exps_before_pv_wait(sass_text: str) -> list[int]:
@@ -246,6 +256,23 @@ def _exps_before_pv_wait(sass_text: str) -> list[int]:
             count = None
         elif "MUFU.EX2" in line and count is not None:
             count += 1
+    return counts
+
+
+def _fmuls_after_last_exp(sass_text: str) -> list[int]:
+    """Per stretch from a wait for everything (``DEPBAR.LE gsb0, 0x0``) to the next MMA
+    issue that has exponentials, the FMULs after its last MUFU.EX2."""
+    counts, stretch = [], None
+    for line in sass_text.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            stretch = []
+        elif "WARPGROUP.ARRIVE" in line and stretch is not None:
+            if "EX2" in stretch:
+                last = len(stretch) - 1 - stretch[::-1].index("EX2")
+                counts.append(stretch[last:].count("FMUL"))
+            stretch = None
+        elif stretch is not None and ("MUFU.EX2" in line or " FMUL " in line):
+            stretch.append("EX2" if "MUFU.EX2" in line else "FMUL")
     return counts
 
 

@@ -38,11 +38,12 @@ def test_search_space_is_valid_unique_and_holds_the_default():
 def test_search_space_on_sm90a_holds_every_wgmma_default():
     """On sm_90a the tuner also searches the wgmma kernel's tiles and schedules: every
     default of ``policy.SM90A_WGMMA_KNOBS`` is in the space (in the per-head tile order on one
-    CTA per tile, rescaling eagerly: the others are the refinement's), Ampere's space has
+    CTA per tile, rescaling eagerly, the row sums in the old order: the others are the
+    refinement's), Ampere's space has
     none; a wgmma tile's neighbours are its ring depths, schedules and grids (without a mask
     also the persistent walk in clusters of two), within shared memory, at a B_c that is not
     a power of two ``fence_p`` too, under a mask both tile orders, and the tile itself with
-    the other ``lazy_rescale``."""
+    the other ``lazy_rescale`` and the other ``correction_first``."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -50,12 +51,17 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
         default = policy.default_for("sm_90a", head_dim, windowed)
         assert default.replace(lpt=False, l2_section_mb=40, persistent=False,
-                               dynamic_tiles=False, lazy_rescale=False) in wgmma
+                               dynamic_tiles=False, lazy_rescale=False,
+                               correction_first=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    # Three ring depths, each schedule, three grids; and the tile with lazy rescaling.
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 1
+    # Three ring depths, each schedule, three grids; and the tile with lazy rescaling and
+    # with the row sums in the other order.
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 2
     assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
+    assert [c for c in around if c.intra_wg_overlap
+            and c.correction_first != tall.correction_first] == [
+        tall.replace(correction_first=not tall.correction_first)]
     assert {(c.persistent, c.cluster_m) for c in around} == {(False, 1), (True, 1), (True, 2)}
     assert {(c.block_m, c.block_n) for c in around} == {(192, 128)}
     assert {c.kv_stages for c in knob_neighbours(policy.default_for("sm_90a", 256), "sm_90a",
@@ -64,11 +70,12 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     # B_c = 96 (hd192's default) also tries P pinned before the P V MMAs.
     hd192 = policy.default_for("sm_90a", 192)
     wide = [c for c in knob_neighbours(hd192, "sm_90a", 192)
-            if c.lazy_rescale == hd192.lazy_rescale]
+            if c.lazy_rescale == hd192.lazy_rescale
+            and c.correction_first == hd192.correction_first]
     assert {c.fence_p for c in wide} == {False, True}
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
-                                         True) if not c.lazy_rescale]
+                                         True) if not (c.lazy_rescale or c.correction_first)]
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
     assert {(c.persistent, c.dynamic_tiles, c.cluster_m) for c in masked} == {
         (False, False, 1), (True, False, 1), (True, True, 1)}

@@ -140,7 +140,9 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: rescaled under the next S = Q K^T, FA4's order above hd128: with no turns, hd256's
 #: schedule (thirty-fourth session; at hd128 it loses 1.5 %); the same rescale on the
 #: three-warpgroup tile with its turns (the hd64 default until the thirty-seventh session);
-#: and instead of it the epilogue's addresses built after the K/V loop, the hd64 default.
+#: instead of it the epilogue's addresses built after the K/V loop; and with them each row's
+#: sum started from the old sum times its correction, so O's rescale runs under P's
+#: exponentials (forty-seventh session), the hd64 default.
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
 _PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
 _PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
@@ -156,6 +158,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_tall": _TALL,
     "wg_tall_rescale_first": _TALL.replace(rescale_o_before_pv=True),
     "wg_tall_late_o": _TALL.replace(late_o_addresses=True),
+    "wg_tall_correction_first": _TALL.replace(late_o_addresses=True, correction_first=True),
 }
 #: The rows of each ``attnlab ladder --family``.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -173,6 +176,7 @@ BASES: dict[str, str] = {
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
     "wg_cluster": "wg_free", "wg_rescale_first": "wg_free", "wg_tall": "wg_persistent",
     "wg_tall_rescale_first": "wg_tall", "wg_tall_late_o": "wg_tall",
+    "wg_tall_correction_first": "wg_tall_late_o",
 }
 
 #: What each step adds, for tables and plots.
@@ -211,6 +215,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
     "wg_tall_rescale_first": "sm_90a: B_r = 192, O rescaled under the next S = Q K^T",
     "wg_tall_late_o": "sm_90a: B_r = 192, O's addresses built after the K/V loop",
+    "wg_tall_correction_first": "sm_90a: B_r = 192, row sums from the corrected old sums",
 }
 
 

@@ -393,7 +393,7 @@ def ladder(
         task = progress.add_task("ladder", total=len(points))
         results = measure_grid(points, impls, runs=runs,
                                on_point=lambda p: progress.advance(task))
-    steps = {name: step for name, step in ladder_configs.STEP_NAMES.items() if name in configs}
+    steps = {name: ladder_configs.STEP_NAMES[name] for name in configs}
     steps.update({name: PEER_ROWS[name] for name in peers})
     bases = {**ladder_configs.BASES, **dict.fromkeys(peers, "")}
     rows = ladder_rows(results, steps, anchor, bases=bases)
