@@ -73,6 +73,9 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
             if c.lazy_rescale == hd192.lazy_rescale
             and c.correction_first == hd192.correction_first]
     assert {c.fence_p for c in wide} == {False, True}
+    # Its lazy rescaling needs the overlap: the schedules without one rescale every block.
+    plain_walks = [c for c in knob_neighbours(hd192, "sm_90a", 192) if not c.intra_wg_overlap]
+    assert hd192.lazy_rescale and plain_walks and not any(c.lazy_rescale for c in plain_walks)
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
                                          True) if not (c.lazy_rescale or c.correction_first)]

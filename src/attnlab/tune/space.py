@@ -134,12 +134,14 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     for stages, schedule, fence, (lpt, section_mb), (persistent, dynamic, cluster) in \
             itertools.product(WGMMA_STAGES, WGMMA_SCHEDULES, fences, orders, grids):
         try:
-            # The row-sum order belongs to the overlap: a schedule without it sums as before.
+            # Lazy rescaling and the row-sum order belong to the overlap: a schedule without
+            # it rescales and sums as before.
+            overlap = schedule["intra_wg_overlap"]
             candidate = config.replace(kv_stages=stages, **schedule, fence_p=fence, lpt=lpt,
                                        l2_section_mb=section_mb, persistent=persistent,
                                        dynamic_tiles=dynamic, cluster_m=cluster,
-                                       correction_first=config.correction_first
-                                       and schedule["intra_wg_overlap"])
+                                       lazy_rescale=config.lazy_rescale and overlap,
+                                       correction_first=config.correction_first and overlap)
             if head_dim is not None:
                 candidate.check_problem(head_dim, arch)
         except ConfigError:
