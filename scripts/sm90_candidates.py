@@ -130,6 +130,10 @@ for _head_dim in VARIANTS:
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim].update(corr_first={"correction_first": True},
                                corr_last={"correction_first": False})
+#: hd128 unmasked: alone the row-sum order moved its P V wait earlier (after 2 exponentials
+#: instead of 8, CPU build); with the epilogue's addresses after the loop the wait falls after
+#: 10, as in FA4's build of the same tile, and O's multiplies still run under the exponentials.
+VARIANTS[128]["corr_late_o"] = {"correction_first": True, "late_o_addresses": True}
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
