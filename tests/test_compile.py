@@ -8,6 +8,7 @@ import re
 import pytest
 
 from attnlab import ladder, policy
+from attnlab.analysis.overlap import softmax_order
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
@@ -213,17 +214,17 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert rows["wg_persistent"].replace(correction_first=True) == policy.default_for(
         "sm_90a", 128, windowed=True)
     assert rows["wg_tall_correction_first"] == policy.default_for("sm_90a", 64)
-    ops, exps_first, tails = {}, {}, {}
+    ops, orders = {}, {}
     for name, cfg in rows.items():
         art = compile_config(cfg, "sm_90a", head_dim=64, out_dir=artifact_dir)
         sass_text = disassemble(art.cubin)
         assert not read_resources(art.cubin, sass_text).spills, name
         ops[name] = histogram(parse(sass_text))
-        exps_first[name] = _exps_before_pv_wait(sass_text)
-        tails[name] = _fmuls_after_last_exp(sass_text)
+        orders[name] = softmax_order(sass_text)
     # The epilogue's addresses built after the loop: ptxas waits for the previous block's
     # P V after some of this block's exponentials, not before the first.
-    assert max(exps_first["wg_tall"]) == 0 < min(exps_first["wg_tall_late_o"])
+    assert max(orders["wg_tall"].exps_before_pv_wait) == 0 < min(
+        orders["wg_tall_late_o"].exps_before_pv_wait)
     gemms = 64 // 16 + 128 // 16
     assert ops["wgmma"]["HGMMA"] == ops["wg_ring3"]["HGMMA"] == 2 * gemms
     assert ops["wg_overlap"]["HGMMA"] == ops["wg_pingpong"]["HGMMA"] == 3 * gemms
@@ -239,41 +240,10 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
     assert rows["wg_tall"].num_threads == rows["wg_persistent"].num_threads + 128
     # O's 32 multiplies a thread: after the block's last exponential, or under them.
-    assert max(tails["wg_tall_late_o"]) == 32 and max(tails["wg_tall_correction_first"]) == 0
+    assert max(orders["wg_tall_late_o"].fmuls_after_last_exp) == 32
+    assert max(orders["wg_tall_correction_first"].fmuls_after_last_exp) == 0
     for op in ("HGMMA", "MUFU", "FMUL"):
         assert ops["wg_tall_correction_first"][op] == ops["wg_tall_late_o"][op], op
-
-
-def _exps_before_pv_wait(sass_text: str) -> list[int]:
-    """Per K/V loop body of the overlapped schedule (a wait for S, ``DEPBAR.LE gsb0, 0x1``,
-    then one for everything, ``0x0``), the MUFU.EX2 issued between the two."""
-    counts, count = [], None
-    for line in sass_text.splitlines():
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-            count = 0
-        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and count is not None:
-            counts.append(count)
-            count = None
-        elif "MUFU.EX2" in line and count is not None:
-            count += 1
-    return counts
-
-
-def _fmuls_after_last_exp(sass_text: str) -> list[int]:
-    """Per stretch from a wait for everything (``DEPBAR.LE gsb0, 0x0``) to the next MMA
-    issue that has exponentials, the FMULs after its last MUFU.EX2."""
-    counts, stretch = [], None
-    for line in sass_text.splitlines():
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
-            stretch = []
-        elif "WARPGROUP.ARRIVE" in line and stretch is not None:
-            if "EX2" in stretch:
-                last = len(stretch) - 1 - stretch[::-1].index("EX2")
-                counts.append(stretch[last:].count("FMUL"))
-            stretch = None
-        elif stretch is not None and ("MUFU.EX2" in line or " FMUL " in line):
-            stretch.append("EX2" if "MUFU.EX2" in line else "FMUL")
-    return counts
 
 
 def _ex2_runs_between_mmas(sass_text: str) -> int:
