@@ -483,7 +483,8 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
     consumer warpgroups); ``pingpong`` adds only named-barrier turns (a sync and an arrive per
     loop body, one arrive to start)."""
     base = policy.default_for("sm_90a", head_dim, windowed).replace(
-        intra_wg_overlap=False, pingpong=False, rescale_o_before_pv=False, lazy_rescale=False)
+        intra_wg_overlap=False, pingpong=False, rescale_o_before_pv=False, lazy_rescale=False,
+        correction_first=False)
     bodies = 3 if windowed else 2
     k_steps_s, k_steps_pv = head_dim // 16, base.block_n // 16
 
@@ -507,7 +508,7 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 
 def test_overlap_and_pingpong_are_wgmma_knobs():
     for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv",
-                 "lazy_rescale"):
+                 "lazy_rescale", "correction_first"):
         with pytest.raises(ConfigError, match="need wgmma"):
             ladder.k07.replace(**{knob: True})
     with pytest.raises(ConfigError, match="need wgmma"):
@@ -519,6 +520,9 @@ def test_overlap_and_pingpong_are_wgmma_knobs():
                                                   rescale_o_before_pv=True)
     with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
         policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False, lazy_rescale=True)
+    with pytest.raises(ConfigError, match="needs intra_wg_overlap"):
+        policy.default_for("sm_90a", 128).replace(intra_wg_overlap=False,
+                                                  correction_first=True)
     with pytest.raises(ConfigError, match="needs two or three"):
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
