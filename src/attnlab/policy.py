@@ -115,7 +115,7 @@ _LAZY = {"lazy_rescale": True}
 #: Each row's sum started from the old sum times its correction (``correction_first``;
 #: forty-seventh session, H100, 16k tokens, device only, default -> it, in two or three runs):
 #: O's rescale then runs under P's exponentials instead of ending the loop body. hd64 plain
-#: bf16 2k-16k +0.5 to +2.7 %, fp16 -0.5 to +1.5 % (nine of ten points up); hd128 masked
+#: bf16 2k-16k +0.5 to +2.7 %, fp16 -0.5 to +1.5 % (eleven of twelve points up); hd128 masked
 #: 2k-16k bf16 -0.4 to +0.7 %, fp16 +0.6 to +2.4 %; hd96 masked 2k-8k +0.5 to +2.1 %; hd32
 #: fp16 plain +4.6 to +5.8 %, bf16 plain even, masked even to +1.1 %. Not hd64 masked
 #: (-0.4 to -3.2 %), hd96 plain (-3.5 to +0.3 %), hd128 plain (-3.5 to 0 %), nor the short
