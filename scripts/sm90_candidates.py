@@ -134,6 +134,12 @@ for _head_dim in VARIANTS:
 #: instead of 8, CPU build); with the epilogue's addresses after the loop the wait falls after
 #: 10, as in FA4's build of the same tile, and O's multiplies still run under the exponentials.
 VARIANTS[128]["corr_late_o"] = {"correction_first": True, "late_o_addresses": True}
+#: hd64 masked from 8k (B_c 128, no lazy rescaling): FA4's order on its tile, O rescaled after
+#: P V with the row sums from the corrected old sums and the late addresses. CPU build at 16k:
+#: the default's 4-byte spill gone, the P V wait after 10-26 exponentials (the default: 0-1;
+#: FA4's build: 11-56), no multiply after the last exponential (the default: 10-32).
+VARIANTS[64]["corr_after_late"] = {"correction_first": True, "rescale_o_before_pv": False,
+                                   "late_o_addresses": True}
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
