@@ -76,9 +76,10 @@ def main() -> None:
                                 seqlen=args.seqlen)
     ours = compile_config(config, "sm_90a", dtype=args.dtype, head_dim=args.head_dim,
                           windowed=args.causal, out_dir=out / "attnlab")
-    for label, cubin in (("FA4", fa4_cubin), (f"attnlab {config.short_name()}", ours.cubin)):
+    for name, label, cubin in (("fa4", "FA4", fa4_cubin),
+                               ("attnlab", f"attnlab {config.short_name()}", ours.cubin)):
         text = disassemble(cubin)
-        (out / f"{'fa4' if label == 'FA4' else 'attnlab'}.sass").write_text(text)
+        (out / f"{name}.sass").write_text(text)
         print(summary(label, text))
     print(f"SASS in {out}")
 

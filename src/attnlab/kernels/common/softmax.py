@@ -80,8 +80,8 @@ class OnlineSoftmax:
     #: Keep a row's maximum while it grows by at most ``LAZY_RESCALE_LOG2`` (module
     #: docstring); ``step`` and ``rescale_o`` only.
     lazy: cutlass.Constexpr = False
-    #: ``step`` starts each row's sum from the old sum times its correction
-    #: (``FlashConfig.correction_first``).
+    #: Each row's sum starts from the old sum times its correction
+    #: (``FlashConfig.correction_first``; ``_row_update``).
     correction_first: cutlass.Constexpr = False
 
     @classmethod
@@ -116,8 +116,7 @@ class OnlineSoftmax:
         ``corrections``; ``rescale_o`` applies it once nothing reads O any more."""
         s_mn = acc_mn_view(acc_s)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            corrections[r] = self._row_update(s_mn, r, False,
-                                              seed_sum=self.correction_first)
+            corrections[r] = self._row_update(s_mn, r, False)
 
     @cute.jit
     def rescale_o(self, acc_o: cute.Tensor, corrections: cute.Tensor):
@@ -138,13 +137,13 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             o_mn[r, None] = o_mn[r, None].load() * corrections[r]
 
-    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool, seed_sum: bool = False):
+    def _row_update(self, s_mn: cute.Tensor, r: int, first: bool):
         """Row ``r`` of the tile: P in place of S, the row's max and sum updated; returns
         the factor O's row must be rescaled by (unused for the first tile).
 
-        ``seed_sum`` (one chain, not the first tile): the row's sum starts from the old sum
-        times the correction instead of adding the tile's sum to it at the end. Needed
-        first, the correction's exp2 is issued ahead of P's (the ``MUFU`` queue is in
+        With ``correction_first`` (one chain, not the first tile) the row's sum starts from
+        the old sum times the correction instead of adding the tile's sum to it at the end.
+        Needed first, the correction's exp2 is issued ahead of P's (the ``MUFU`` queue is in
         order), so ``step``'s caller can rescale O under P's exponentials instead of after
         the last of them."""
         row = self._scores(s_mn[r, None].load())
@@ -163,7 +162,7 @@ class OnlineSoftmax:
             correction = self._select(keep, cutlass.Float32(1.0), correction)
         self.row_max[r] = m_new
         s_mn[r, None] = p
-        if cutlass.const_expr(seed_sum and self.sum_chains == 1 and not first):
+        if cutlass.const_expr(self.correction_first and self.sum_chains == 1 and not first):
             self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * correction, 0)
             return correction
         if cutlass.const_expr(self.sum_chains > 1):
