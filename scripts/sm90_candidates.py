@@ -23,7 +23,7 @@ from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.policy import SM90A_WGMMA_KNOBS, default_for, paired_row_blocks
+from attnlab.policy import FA4_ORDER, SM90A_WGMMA_KNOBS, default_for, paired_row_blocks
 from attnlab.tune.cache import seqlen_bucket
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
@@ -134,12 +134,11 @@ for _head_dim in VARIANTS:
 #: instead of 8, CPU build); with the epilogue's addresses after the loop the wait falls after
 #: 10, as in FA4's build of the same tile, and O's multiplies still run under the exponentials.
 VARIANTS[128]["corr_late_o"] = {"correction_first": True, "late_o_addresses": True}
-#: hd64 masked from 8k (B_c 128, no lazy rescaling): FA4's order on its tile, O rescaled after
-#: P V with the row sums from the corrected old sums and the late addresses. CPU build at 16k:
-#: the default's 4-byte spill gone, the P V wait after 10-26 exponentials (the default: 0-1;
-#: FA4's build: 11-56), no multiply after the last exponential (the default: 10-32).
-VARIANTS[64]["corr_after_late"] = {"correction_first": True, "rescale_o_before_pv": False,
-                                   "late_o_addresses": True}
+#: hd64 masked in FA4's order (``policy.FA4_ORDER``): O rescaled after P V with the row sums
+#: from the corrected old sums and the late addresses. Measured on every masked hd64 tile in
+#: the forty-eighth session: the default below 2k and from 8k since; -2 to -4 % on the 2k and
+#: 4k tiles, where this variant is what a sweep would try again.
+VARIANTS[64]["corr_after_late"] = dict(FA4_ORDER)
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),

@@ -318,15 +318,16 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
 @pytest.mark.parametrize(("head_dim", "seqlen", "stack_bytes"), [
     (64, policy.LONG_MASKED_SEQLEN // 2, 0), (256, policy.LONG_MASKED_SEQLEN // 2, 0),
     (64, policy.MID_MASKED_SEQLEN, 0),
-    (64, policy.VERY_LONG_MASKED_SEQLEN, 16),
+    (64, policy.VERY_LONG_MASKED_SEQLEN, 0),
     (128, policy.VERY_LONG_MASKED_SEQLEN, 0)])
 def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, seqlen,
                                                                       stack_bytes, artifact_dir):
     """The masked defaults that depend on the query length: below 2k hd64 (two warpgroups, O
-    rescaled under the next S) and hd256 (B_c 64, lazy rescaling), hd64 in the 2k bucket on the
-    static walk and hd128 from 8k on one CTA per tile, without spills; hd64 from 8k at B_c 128
-    on the counter's grid with the four values it spills (16 B of stack, measured faster than
-    B_c 96's spill-free tile there); none of them between the MMAs."""
+    in FA4's order) and hd256 (B_c 64, lazy rescaling), hd64 in the 2k bucket on the
+    static walk, hd64 from 8k at B_c 128 on the counter's grid in FA4's order (row sums from
+    the corrected old sums, O rescaled after P V, the epilogue's addresses built after the
+    loop: the four values B_c 128 spilled with O rescaled first are gone) and hd128 from 8k on
+    one CTA per tile: no spills."""
     cfg = policy.default_for("sm_90a", head_dim, True, seqlen=seqlen)
     assert cfg != policy.default_for("sm_90a", head_dim, True)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=True, out_dir=artifact_dir)

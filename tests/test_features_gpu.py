@@ -763,8 +763,9 @@ def test_static_strides_compile_per_stride_set():
 @pytest.mark.parametrize("window", [(-1, 0), (64, 0), (200, -1)], ids=["causal", "win", "left"])
 def test_masked_default_by_length(window, head_dim, seqlen, dtype):
     """The masked defaults that depend on the query length (below 2k: hd64 on two warpgroups
-    with O rescaled under the next S, hd256 at B_c 64 rescaling lazily; hd64 in the 2k bucket:
-    the static walk; hd64 from 8k: B_c 128 with its spilled values; hd128 from 8k: one CTA per
+    in FA4's order, hd256 at B_c 64 rescaling lazily; hd64 in the 2k bucket:
+    the static walk; hd64 from 8k: B_c 128 in FA4's order (row sums from the corrected old
+    sums, O rescaled after P V, late epilogue addresses); hd128 from 8k: one CTA per
     tile, longest first over 16 MiB L2 sections), on a problem short enough for the fp64
     reference: the config, not the length, is under test."""
     if torch.cuda.get_device_capability() != (9, 0):

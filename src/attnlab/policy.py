@@ -118,9 +118,16 @@ _LAZY = {"lazy_rescale": True}
 #: bf16 2k-16k +0.5 to +2.7 %, fp16 -0.5 to +1.5 % (eleven of twelve points up); hd128 masked
 #: 2k-16k bf16 -0.4 to +0.7 %, fp16 +0.6 to +2.4 %; hd96 masked 2k-8k +0.5 to +2.1 %; hd32
 #: fp16 plain +4.6 to +5.8 %, bf16 plain even, masked even to +1.1 %. Not hd64 masked
-#: (-0.4 to -3.2 %), hd96 plain (-3.5 to +0.3 %), hd128 plain (-3.5 to 0 %), nor the short
-#: masked tiles (hd128 1k -1 %); hd192 and hd256, whose loop bodies barely change, untimed.
+#: with O rescaled before P V (-0.4 to -3.2 %; from 8k, with O rescaled after it, see
+#: ``_VERY_LONG_MASKED_TILES``), hd96 plain (-3.5 to +0.3 %), hd128 plain (-3.5 to 0 %), nor
+#: the short masked tiles (hd128 1k -1 %); hd192 and hd256, whose loop bodies barely change,
+#: untimed.
 _CORRECTION_FIRST = {"correction_first": True}
+#: FA4's order of a loop body under a mask, at hd64: the row sums from the corrected old
+#: sums, O rescaled after P V, the epilogue's addresses built after the loop (in the CPU
+#: build the P V wait comes after 10-26 of the exponentials, none of O's multiplies after
+#: the last; measured on hd64's short and very long masked tiles, below).
+FA4_ORDER = {**_CORRECTION_FIRST, "rescale_o_before_pv": False, **_LATE_O}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
@@ -161,9 +168,13 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
 #: (221) -> 220 (222), fp16 216 (217) -> 219 (220): +0.5 to +1.7 % device only. hd256's rescales
 #: lazily, as its long tiles do (same session, one call): 1k bf16 424 (457) -> 441 (477), fp16
 #: 421 (451) -> 440 (472); 512 bf16 292 (299) -> 296 (305), fp16 288 (299) -> 294 (303).
+#: hd64's then took FA4's order (``FA4_ORDER``; forty-eighth session, H100, causal, end to
+#: end (device only), rescale first -> it): 1k B = 16 x 32 heads bf16 302 (308) -> 309 (315),
+#: fp16 295 (309) -> 300 (313); 512 B = 32 bf16 219 (223) -> 223 (227), fp16 214 (222) ->
+#: 214 (221); 1k B = 4 x 16 heads bf16 260 (247) -> 265 (251), fp16 258 (247) -> 260 (250).
 _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
-    64: {"block_n": 128, "kv_stages": 3, **_RESCALE_FIRST, **_PERSISTENT},
+    64: {"block_n": 128, "kv_stages": 3, **FA4_ORDER, **_PERSISTENT},
     96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     256: {"block_n": 64, "kv_stages": 2, **_LAZY, **_PERSISTENT},
 }
@@ -188,8 +199,14 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
 #: B_c 128 instead of 96 (4 spilled values; thirty-sixth session, H100, causal, 16k tokens, end
 #: to end (device only)): fp16 8k 462 -> 474 (471 -> 485), 16k 489 -> 508 (496 -> 510); bf16
 #: 8k 479 -> 479 (481 -> 484), 16k 510 -> 511 (517 -> 523); at 4k bf16 lost 1 % (425 -> 421).
+#: That tile then took FA4's order (forty-eighth session, H100, causal, B = 4, two calls, end
+#: to end (device only), default -> the row sums from the corrected old sums, O rescaled
+#: after P V, the late addresses): bf16 8k 489 (510) -> 498 (522) and 489 (505) -> 504 (518),
+#: 16k 505 (536) -> 515 (551) and 511 (530) -> 522 (543); fp16 8k 471 (496) -> 483 (505) and
+#: 478 (505) -> 486 (530), 16k 485 (524) -> 498 (535) and 491 (522) -> 504 (531). The same
+#: three on the 4k tile lost (bf16 469 -> 452 and 465 -> 451 device only, fp16 -2 %).
 _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
-    64: {"block_n": 128, "fence_p": False},
+    64: {"block_n": 128, "fence_p": False, **FA4_ORDER},
     128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
 }
 VERY_LONG_MASKED_SEQLEN = 8192
@@ -252,7 +269,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``seqlen`` below ``LONG_MASKED_SEQLEN`` (packed: ``LONG_MASKED_PACKED_SEQLEN``),
     ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
     ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
-    ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128, hd128 one CTA per tile longest first), below
+    ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128 in ``FA4_ORDER``, hd128 one CTA per tile
+    longest first), below
     it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd192's and hd256's tiles
     have it);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
