@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from attnlab import device, dispatch, ladder, policy
+from attnlab import device, dispatch, ladder, memo, policy
 from attnlab.config import FlashConfig
 from attnlab.device import DeviceInfo
 from attnlab.tune.cache import SEQLEN_BUCKETS, TuneCache, TuneKey, seqlen_bucket
@@ -245,14 +245,25 @@ def test_a_tuned_cluster_entry_pairs_only_row_blocks_that_pair_up(fake_h200):
     assert dispatch.config_for(H200, problem(3900)) == clustered.replace(cluster_m=1)
 
 
-def test_dispatch_remembers_a_bounded_number_of_choices(fake_h200, monkeypatch):
-    """Plain problems' choices are keyed by exact query length: a server that sees many
-    lengths keeps the newest ``MAX_CHOICES`` of them, each still chosen right."""
-    monkeypatch.setattr(dispatch, "MAX_CHOICES", 4)
-    for seqlen in range(1000, 1010):
-        assert dispatch.config_for(H200, problem(seqlen)).cluster_m == 2
-    assert len(dispatch._chosen) == 4
-    assert dispatch.config_for(H200, problem(1025)).cluster_m == 1  # 9 row blocks
+def test_dispatch_chooses_right_past_its_memo_bound(fake_h200, monkeypatch):
+    """Plain problems' choices are keyed by exact query length, in a memo that starts over at
+    ``memo.MAX_MEMO`` entries: a server that sees more lengths than that gets each chosen
+    right, before and after the memo starts over."""
+    monkeypatch.setattr(memo, "MAX_MEMO", 4)
+    for _ in range(2):
+        for seqlen in range(1000, 1010):
+            assert dispatch.config_for(H200, problem(seqlen)).cluster_m == 2
+        assert dispatch.config_for(H200, problem(1025)).cluster_m == 1  # 9 row blocks
+
+
+def test_memo_starts_over_at_its_bound(monkeypatch):
+    """``memo.remember`` keeps at most ``MAX_MEMO`` entries, the newest always among them."""
+    monkeypatch.setattr(memo, "MAX_MEMO", 4)
+    table: dict = {}
+    for i in range(11):
+        memo.remember(table, (i,), i)
+        assert len(table) <= 4 and table[(i,)] == i
+    assert len(table) == 3  # started over at the ninth entry
 
 
 def test_dispatch_pairs_row_blocks_where_they_pair_up(fake_h200):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnlab import ops, runtime
+from attnlab import memo, ops, runtime
 from attnlab.config import FlashConfig
 from attnlab.validation import (
     COPY_ALIGN_BYTES,
@@ -268,7 +268,7 @@ def _new_call(key: tuple | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                       problem, config, return_lse,
                       _op_args(problem, config, deterministic, max_seqlen_q, max_seqlen_k))
     if key is not None:
-        runtime.remember(_calls, key, call)
+        memo.remember(_calls, key, call)
     return call
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab import device, kernel_cache, runtime
+from attnlab import device, kernel_cache, memo
 from attnlab.backward_config import BackwardConfig, default_backward
 from attnlab.kernels.abi import (
     STATS_ROW_MULTIPLE,
@@ -134,7 +134,7 @@ def attention_backward(
     if launch is None:
         launch = BackwardLaunch(q, k, lse, varlen, dlse is not None, max_seqlen_q,
                                 max_seqlen_k, softmax_scale, window, deterministic, config)
-        runtime.remember(_launches, key, launch)
+        memo.remember(_launches, key, launch)
     return launch(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k)
 
 

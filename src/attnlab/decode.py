@@ -32,7 +32,7 @@ from attnlab.kernels.abi import (
     DecodeSpec,
     encode_window,
 )
-from attnlab.runtime import remember
+from attnlab.memo import remember
 from attnlab.validation import check_kvcache_inputs, check_kvcache_values, wants_grad
 
 #: Largest split count the call picks itself (``num_splits=0``; up to 128 may be asked for).

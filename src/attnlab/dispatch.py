@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import FlashConfig
 from attnlab.device import DeviceInfo, arch_of
+from attnlab.memo import remember
 from attnlab.policy import (
     MAX_IMBALANCE,
     SHORT_KV_SEQLEN,
@@ -29,8 +30,6 @@ __all__ = ["arch_of", "config_for", "reload_tune_cache", "tune_cache", "tune_key
 
 _cache: TuneCache | None = None
 _chosen: dict[tuple, FlashConfig] = {}
-#: How many choices ``config_for`` remembers (each a few hundred bytes; the oldest goes first).
-MAX_CHOICES = 4096
 
 
 def tune_key(gpu: DeviceInfo, dtype: str, head_dim: int, seqlen_q: int,
@@ -77,10 +76,9 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
         key += (problem.seqlen_q,)
     config = _chosen.get(key)
     if config is None:
-        if len(_chosen) >= MAX_CHOICES:
-            # Keys hold exact lengths: a server seeing many keeps the newest choices only.
-            del _chosen[next(iter(_chosen))]
-        config = _chosen[key] = _choose(gpu, problem, bucket, short_kv)
+        config = _choose(gpu, problem, bucket, short_kv)
+        # Keys hold exact lengths, which a server may see without bound.
+        remember(_chosen, key, config)
     return config
 
 

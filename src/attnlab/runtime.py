@@ -19,11 +19,8 @@ from attnlab import device, dispatch, kernel_cache
 from attnlab.config import FlashConfig
 from attnlab.counters import tile_counters
 from attnlab.kernels.abi import ForwardSpec, encode_window, row_head_strides
+from attnlab.memo import remember
 from attnlab.validation import Problem, check_data_pointers, describe
-
-#: Launches remembered per call signature before the memo starts over (shapes that vary
-#: without bound, e.g. packed batches of every length, must not grow it forever).
-MAX_MEMO = 4096
 
 
 class Launch:
@@ -139,13 +136,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         remember(_launches, key, launch)
     check_data_pointers(q, k, v, out)
     launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-
-
-def remember(memo: dict, key: tuple, value: object) -> None:
-    """``memo[key] = value``, starting the memo over once it holds ``MAX_MEMO`` entries."""
-    if len(memo) >= MAX_MEMO:
-        memo.clear()
-    memo[key] = value
 
 
 def forget() -> None:

@@ -25,7 +25,7 @@ from attnlab.gemm.dispatch import Plan, plan
 from attnlab.gemm_config import GemmConfig, MmaGemmConfig
 from attnlab.kernels.conv.abi import DirectConvSpec, ImplicitConvSpec, output_size
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, binary_config
-from attnlab.runtime import remember
+from attnlab.memo import remember
 
 _DTYPES = (torch.float16, torch.bfloat16)
 #: Channels (of the input and of the output) must be a multiple of this: the GEMM's rows

@@ -17,7 +17,7 @@ from attnlab.counters import tile_counters
 from attnlab.gemm.dispatch import Plan, plan
 from attnlab.gemm_config import GemmConfig, element_bytes
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, ReduceSpec, binary_config
-from attnlab.runtime import remember
+from attnlab.memo import remember
 from attnlab.validation import wants_grad
 
 #: Largest split-K partials a call signature keeps between calls (per stream).

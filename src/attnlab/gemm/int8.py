@@ -22,7 +22,7 @@ from attnlab.gemm.api import GEMM_ARCHS, _check, operand_major, refuse_autograd,
 from attnlab.gemm.dispatch import plan
 from attnlab.gemm_config import GemmConfig
 from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, binary_config
-from attnlab.runtime import remember
+from attnlab.memo import remember
 
 #: The K step of INT8 tiles: 128 one-byte elements, one 128-byte swizzled row.
 INT8_BLOCK_K = 128

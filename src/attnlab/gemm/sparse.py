@@ -43,7 +43,7 @@ from attnlab.kernels.gemm.abi import (
     WORDS_ROWS,
     GemmSpec,
 )
-from attnlab.runtime import remember
+from attnlab.memo import remember
 
 #: The sparse kernel's default tile: the ladder's best ``mma.sync`` tile (g07x: 128 x 256, XOR
 #: swizzle) at a 64-deep K step, on 8 warps of 64 x 64: 16 warps cap a thread at 128
