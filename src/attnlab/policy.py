@@ -125,8 +125,9 @@ _LAZY = {"lazy_rescale": True}
 _CORRECTION_FIRST = {"correction_first": True}
 #: FA4's order of a loop body under a mask, at hd64: the row sums from the corrected old
 #: sums, O rescaled after P V, the epilogue's addresses built after the loop (in the CPU
-#: build the P V wait comes after 10-26 of the exponentials, none of O's multiplies after
-#: the last; measured on hd64's short and very long masked tiles, below).
+#: builds the P V wait comes after 10-26 of the exponentials at 16k, 11-12 at 1k, and none
+#: of O's multiplies after the last; measured on hd64's short and very long masked tiles,
+#: below).
 FA4_ORDER = {**_CORRECTION_FIRST, "rescale_o_before_pv": False, **_LATE_O}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
