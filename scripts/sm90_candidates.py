@@ -139,6 +139,10 @@ VARIANTS[128]["corr_late_o"] = {"correction_first": True, "late_o_addresses": Tr
 #: the forty-eighth session: the default below 2k and from 8k since; -2 to -4 % on the 2k and
 #: 4k tiles, where this variant is what a sweep would try again.
 VARIANTS[64]["corr_after_late"] = dict(FA4_ORDER)
+#: The 2k and 4k masked tiles rescale lazily, whose branch keeps O's 32 multiplies after the
+#: last exponential in FA4's order; without it (CPU build, 2k and 4k): no spill, the P V wait
+#: after 8-16 exponentials (the default: 0-26), no multiply after the last (the default: 32).
+VARIANTS[64]["fa4_order_eager"] = {**FA4_ORDER, "lazy_rescale": False}
 
 #: K and V multicast to clusters of two CTAs (``cluster_m``, forty-third session): the
 #: persistent unmasked walks of every head dim. Where the default pairs them (hd128-256),
