@@ -327,7 +327,9 @@ def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, 
     static walk, hd64 from 8k at B_c 128 on the counter's grid in FA4's order (row sums from
     the corrected old sums, O rescaled after P V, the epilogue's addresses built after the
     loop: the four values B_c 128 spilled with O rescaled first are gone) and hd128 from 8k on
-    one CTA per tile: no spills."""
+    one CTA per tile: no spills. The tiles in FA4's order wait for P V behind some of the
+    softmax's exponentials and leave none of O's multiplies after the last (what they were
+    measured faster for, docs/ladder.md, forty-eighth session)."""
     cfg = policy.default_for("sm_90a", head_dim, True, seqlen=seqlen)
     assert cfg != policy.default_for("sm_90a", head_dim, True)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=True, out_dir=artifact_dir)
@@ -335,6 +337,12 @@ def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, 
     assert not spills_between_mmas(parse(sass_text))
     resources = read_resources(art.cubin, sass_text)
     assert resources.stack_bytes <= stack_bytes, resources
+    fa4_order = all(getattr(cfg, knob) == value for knob, value in policy.FA4_ORDER.items())
+    assert fa4_order == (head_dim == 64 and seqlen != policy.MID_MASKED_SEQLEN)
+    if fa4_order:
+        order = softmax_order(sass_text)
+        assert min(order.exps_before_pv_wait) >= 8, order
+        assert max(order.fmuls_after_last_exp) == 0, order
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
