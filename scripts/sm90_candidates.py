@@ -136,7 +136,7 @@ for _head_dim in VARIANTS:
 VARIANTS[128]["corr_late_o"] = {"correction_first": True, "late_o_addresses": True}
 #: hd64 masked in FA4's order (``policy.FA4_ORDER``): O rescaled after P V with the row sums
 #: from the corrected old sums and the late addresses. Measured on every masked hd64 tile in
-#: the forty-eighth session: the default below 2k and from 8k since; -2 to -4 % on the 2k and
+#: the forty-eighth session: the default below 2k and from 8k since; -1.9 to -3.6 % on the 2k and
 #: 4k tiles, where this variant is what a sweep would try again.
 VARIANTS[64]["corr_after_late"] = dict(FA4_ORDER)
 #: The 2k and 4k masked tiles rescale lazily, whose branch keeps O's 32 multiplies after the
