@@ -234,10 +234,28 @@ def test_cluster_m_pairs_the_static_persistent_walk():
     base = policy.default_for("sm_90a", 128)
     assert base.static_persistent_walk
     assert not base.replace(dynamic_tiles=True).static_persistent_walk
-    assert not base.replace(persistent=False).static_persistent_walk
+    assert not base.replace(persistent=False, q_stages=1).static_persistent_walk
     assert not ladder.k16.static_persistent_walk
-    assert base.replace(cluster_m=2).short_name().endswith("+cluster_2")
-    for bad in ({"cluster_m": 4}, {"cluster_m": 0}, {"cluster_m": 2, "persistent": False},
+    assert "+cluster_2" in base.replace(cluster_m=2).short_name()
+    for bad in ({"cluster_m": 4}, {"cluster_m": 0},
+                {"cluster_m": 2, "persistent": False, "q_stages": 1},
                 {"cluster_m": 2, "dynamic_tiles": True}):
         with pytest.raises(ConfigError, match="cluster_m"):
             base.replace(**bad)
+
+
+def test_q_stages_double_buffer_the_persistent_walks_q():
+    two = policy.default_for("sm_90a", 64, True, seqlen=1024)
+    base = two.replace(q_stages=1)
+    assert two.short_name().endswith("+q_stages_2") and "q_stages" not in base.short_name()
+    assert two.smem_bytes(64) == base.smem_bytes(64) + 128 * 64 * 2
+    two.check_problem(64, "sm_90a")
+    for bad in ({"q_stages": 3}, {"q_stages": 0}, {"q_stages": 2, "persistent": False,
+                                                   "dynamic_tiles": False}):
+        with pytest.raises(ConfigError, match="q_stages"):
+            base.replace(**bad)
+    with pytest.raises(ConfigError, match="q_stages .*need wgmma"):
+        ladder.k16.replace(q_stages=2)
+    # hd256's two K/V stages leave no room for O's own tile beside two Q tiles.
+    with pytest.raises(ConfigError, match="O staged in a tile of its own"):
+        policy.default_for("sm_90a", 256).replace(q_stages=2).check_problem(256, "sm_90a")

@@ -437,14 +437,17 @@ def test_sm80_path_causal_hd128_forward_on_its_persistent_grid(dtype):
 
 @pytest.mark.medium_memory
 @pytest.mark.parametrize("head_dim,knobs", [(64, {}), (128, {}), (128, {"kv_stages": 2}),
-                                            (256, {})],
-                         ids=["hd64", "hd128-o-in-q", "hd128-o-apart", "hd256"])
+                                            (256, {}), (64, {"q_stages": 2}),
+                                            (128, {"kv_stages": 2, "q_stages": 2})],
+                         ids=["hd64", "hd128-o-in-q", "hd128-o-apart", "hd256", "hd64-q2",
+                              "hd128-q2"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
 def test_wgmma_persistent(head_dim, knobs, window):
     """The wgmma kernel on a persistent grid: more tiles than CTAs (each CTA walks several, Q's
     barriers and the K/V ring running on across them, the masked tiles of different lengths),
-    O staged in Q's tile or its own (``stages_o_apart``), tails in both sequences, GQA,
-    fewer tiles than CTAs, and packed sequences with empty ones."""
+    O staged in Q's tile or its own (``stages_o_apart``), Q in one buffer or two
+    (``q_stages``: the next tile's Q lands while this one's is read), tails in both
+    sequences, GQA, fewer tiles than CTAs, and packed sequences with empty ones."""
     from attnlab import runtime
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -463,15 +466,16 @@ def test_wgmma_persistent(head_dim, knobs, window):
 
 @pytest.mark.medium_memory
 @pytest.mark.parametrize("head_dim,knobs", [(128, {}), (64, {}),
-                                            (256, {"lpt": True, "l2_section_mb": 1024})],
-                         ids=["hd128", "hd64", "hd256-global-lpt"])
+                                            (256, {"lpt": True, "l2_section_mb": 1024}),
+                                            (64, {"q_stages": 2})],
+                         ids=["hd128", "hd64", "hd256-global-lpt", "hd64-q2"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
 def test_wgmma_dynamic_tiles(head_dim, knobs, window):
     """``dynamic_tiles``: persistent CTAs draw their tiles from a counter. Several launches
     back to back on one stream are each right (the last CTA of each resets the counter, and
     leaves it zero), dense with tails and GQA, fewer tiles than CTAs, packed sequences with
     empty ones (tiles without rows are drawn and skipped), and on a second stream (its own
-    counter)."""
+    counter); with two Q buffers the producer runs a tile further ahead of the tiles' slots."""
     from attnlab import counters
 
     if torch.cuda.get_device_capability() != (9, 0):

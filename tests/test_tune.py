@@ -51,13 +51,14 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     for head_dim, windowed in policy.SM90A_WGMMA_KNOBS:
         default = policy.default_for("sm_90a", head_dim, windowed)
         assert default.replace(lpt=False, l2_section_mb=40, persistent=False,
-                               dynamic_tiles=False, lazy_rescale=False,
+                               dynamic_tiles=False, q_stages=1, lazy_rescale=False,
                                correction_first=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
-    # Three ring depths, each schedule, three grids; and the tile with lazy rescaling and
-    # with the row sums in the other order.
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 2
+    # Three ring depths, each schedule, three grids; and the tile with lazy rescaling, with
+    # the row sums in the other order and with one Q buffer instead of two.
+    assert tall.q_stages == 2 and tall.replace(q_stages=1) in around
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 3
     assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
     assert [c for c in around if c.intra_wg_overlap
             and c.correction_first != tall.correction_first] == [
@@ -78,7 +79,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert hd192.lazy_rescale and plain_walks and not any(c.lazy_rescale for c in plain_walks)
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
-                                         True) if not (c.lazy_rescale or c.correction_first)]
+                                         True)
+              if not (c.lazy_rescale or c.correction_first or c.q_stages > 1)]
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
     assert {(c.persistent, c.dynamic_tiles, c.cluster_m) for c in masked} == {
         (False, False, 1), (True, False, 1), (True, True, 1)}
@@ -466,7 +468,7 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     # unbalanced static walk goes to the counter (B = 1, H = 2: 32 tiles on 132 SMs).
     long = dataclasses.replace(causal, batch=1, seqlen_q=16384, seqlen_k=16384)
     assert dispatch.config_for(H200, long) == static.replace(
-        persistent=False, lpt=True, l2_section_mb=16)
+        persistent=False, q_stages=1, lpt=True, l2_section_mb=16)
     few = dataclasses.replace(causal, batch=1, num_heads=2, num_heads_kv=2)
     assert dispatch.config_for(H200, few) == at_4k.replace(dynamic_tiles=True)
     short = dataclasses.replace(causal, head_dim=64, seqlen_q=1024, seqlen_k=1024)

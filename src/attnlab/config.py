@@ -191,6 +191,11 @@ class FlashConfig:
             Hopper), so the L2 reads K and V once per two row blocks; a stage is free again
             once both CTAs' consumers have released it. The default of unmasked dense hd128,
             hd192 and hd256 whose row blocks pair up (``policy.paired_row_blocks``).
+        q_stages: (wgmma, persistent) shared-memory buffers of Q, 1 or 2. With one, the
+            producer loads the next tile's Q once the consumers are done with this one's, so
+            the consumers, back from this tile's epilogue, wait for that load; with two it
+            loads while they still walk this tile's K/V blocks. Needs O staged in a tile of
+            its own (``stages_o_apart``), where Q's second buffer leaves room for it.
     """
 
     block_m: int = 64
@@ -227,6 +232,7 @@ class FlashConfig:
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
     cluster_m: int = 1
+    q_stages: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -304,10 +310,11 @@ class FlashConfig:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
               or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
-              or self.lazy_rescale or self.correction_first or self.cluster_m != 1):
+              or self.lazy_rescale or self.correction_first or self.cluster_m != 1
+              or self.q_stages != 1):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
                               "dynamic_tiles, late_o_addresses, lazy_rescale, "
-                              "correction_first and cluster_m "
+                              "correction_first, cluster_m and q_stages "
                               "schedule the warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -330,6 +337,11 @@ class FlashConfig:
                               "persistent")
         if self.cluster_m not in (1, 2):
             raise ConfigError(f"cluster_m must be 1 or 2, got {self.cluster_m!r}")
+        if self.q_stages not in (1, 2):
+            raise ConfigError(f"q_stages must be 1 or 2, got {self.q_stages!r}")
+        if self.q_stages > 1 and not self.persistent:
+            raise ConfigError("q_stages=2 loads the next tile's Q during this one: it needs "
+                              "persistent")
         if self.cluster_m > 1 and not self.static_persistent_walk:
             raise ConfigError("cluster_m pairs the tiles of a persistent static walk: it needs "
                               "persistent without dynamic_tiles")
@@ -395,6 +407,8 @@ class FlashConfig:
             flags += self._lpt_flags()
             if self.cluster_m > 1:
                 flags.append(f"cluster_{self.cluster_m}")
+            if self.q_stages > 1:
+                flags.append(f"q_stages_{self.q_stages}")
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:
@@ -463,6 +477,10 @@ class FlashConfig:
             raise ConfigError(
                 f"d_head_tile={self.d_head_tile} must divide head_dim={head_dim}"
             )
+        if self.q_stages > 1 and not self.stages_o_apart(head_dim):
+            raise ConfigError(
+                f"q_stages={self.q_stages} needs O staged in a tile of its own, for which "
+                f"{self.short_name()} leaves no shared memory at head_dim={head_dim}")
         if arch is None:
             return
         if self.wgmma and arch != "sm_90a":
@@ -484,9 +502,9 @@ class FlashConfig:
         return head_dim + (8 if self.swizzle == "pad8" else 0)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """Shared memory of one CTA: a Q tile and ``kv_stages`` K and V tiles, and O's own
-        tile where ``stages_o_apart``."""
-        rows = self.block_m + 2 * self.block_n * self.kv_stages
+        """Shared memory of one CTA: ``q_stages`` Q tiles and ``kv_stages`` K and V tiles,
+        and O's own tile where ``stages_o_apart``."""
+        rows = self.q_stages * self.block_m + 2 * self.block_n * self.kv_stages
         if self.stages_o_apart(head_dim, elem_bytes):
             rows += self.block_m
         return rows * self.smem_row_elems(head_dim) * elem_bytes
@@ -497,5 +515,5 @@ class FlashConfig:
         tile's Q loads while this tile's O is stored."""
         if not (self.wgmma and self.persistent):
             return False
-        rows = 2 * self.block_m + 2 * self.block_n * self.kv_stages
+        rows = (1 + self.q_stages) * self.block_m + 2 * self.block_n * self.kv_stages
         return rows * head_dim * elem_bytes <= SMEM_CAPACITY["sm_90a"] - 1024

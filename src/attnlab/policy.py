@@ -129,6 +129,16 @@ _CORRECTION_FIRST = {"correction_first": True}
 #: of O's multiplies after the last; measured on hd64's short and very long masked tiles,
 #: below).
 FA4_ORDER = {**_CORRECTION_FIRST, "rescale_o_before_pv": False, **_LATE_O}
+#: Q in two buffers (``q_stages``): the next tile's Q loads while this tile's K/V blocks are
+#: walked, instead of once the consumers are done with this one's (ncu, hd64 causal 1k: the
+#: most-sampled stall was that wait, at a tile's start). Forty-ninth session, H100, 16k
+#: tokens, bf16 unless noted, end to end (device only), default -> it: hd64 short masked
+#: tile 1k 302 (316) -> 320 (337), fp16 297 (309) -> 302 (314); hd64 plain 1k 404 (429) ->
+#: 421 (451), 4k 508 (559) -> 514 (563); hd128 plain 1k 562 (615) -> 607 (655), 4k 661 (722)
+#: -> 670 (732); hd128 causal 1k 429 (452) -> 454 (479), 4k 588 (648) -> 600 (660). Not
+#: hd64's three-warpgroup masked tiles (2k 409 -> 400, 4k 474 -> 460 device only, fp16
+#: likewise -0.4 to -2.7 %).
+_Q_DOUBLE = {"q_stages": 2}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
@@ -138,15 +148,17 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (32, True): {**_M192, "block_n": 128, "kv_stages": 3, "lpt": True, **_CORRECTION_FIRST,
                  **_DYNAMIC},
     (64, False): {**_M192, "block_n": 128, "kv_stages": 3, **_LATE_O, **_CORRECTION_FIRST,
-                  **_PERSISTENT},
+                  **_PERSISTENT, **_Q_DOUBLE},
     (64, True): {**_M192, "block_n": 96, "kv_stages": 3, "fence_p": True, "lpt": True,
                  **_RESCALE_FIRST, **_DYNAMIC},
     (96, False): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, **_RESCALE_FIRST,
                   **_PERSISTENT},
     (96, True): {**_M192, "block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True,
                  **_CORRECTION_FIRST, **_DYNAMIC},
-    (128, False): {"block_n": 128, "kv_stages": 2, "pingpong": False, **_PERSISTENT},
-    (128, True): {"block_n": 128, "kv_stages": 2, **_CORRECTION_FIRST, **_PERSISTENT},
+    (128, False): {"block_n": 128, "kv_stages": 2, "pingpong": False, **_PERSISTENT,
+                   **_Q_DOUBLE},
+    (128, True): {"block_n": 128, "kv_stages": 2, **_CORRECTION_FIRST, **_PERSISTENT,
+                  **_Q_DOUBLE},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_LAZY, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True, **_LAZY},
     (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_FA4_HD256, **_LAZY,
@@ -175,7 +187,7 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
 #: 214 (221); 1k B = 4 x 16 heads bf16 260 (247) -> 265 (251), fp16 258 (247) -> 260 (250).
 _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
     32: {"block_n": 128, "kv_stages": 3, **_PERSISTENT},
-    64: {"block_n": 128, "kv_stages": 3, **FA4_ORDER, **_PERSISTENT},
+    64: {"block_n": 128, "kv_stages": 3, **FA4_ORDER, **_PERSISTENT, **_Q_DOUBLE},
     96: {"block_n": 128, "kv_stages": 2, **_PERSISTENT},
     256: {"block_n": 64, "kv_stages": 2, **_LAZY, **_PERSISTENT},
 }
@@ -208,7 +220,8 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
 #: three on the 4k tile lost (bf16 469 -> 452 and 465 -> 451 device only, fp16 -2 %).
 _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
     64: {"block_n": 128, "fence_p": False, **FA4_ORDER},
-    128: {"persistent": False, "dynamic_tiles": False, "lpt": True, "l2_section_mb": 16},
+    128: {"persistent": False, "dynamic_tiles": False, "q_stages": 1, "lpt": True,
+          "l2_section_mb": 16},
 }
 VERY_LONG_MASKED_SEQLEN = 8192
 #: Masked hd64 up to ``MID_MASKED_SEQLEN`` queries (the 2k bucket): the long masked tile on the
@@ -323,7 +336,7 @@ def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> 
     ``seqlen``) on one CTA per tile, for packed sequences: the hardware hands each tile to
     whichever CTA finishes first, where a fixed walk over tiles whose lengths the host does
     not know could leave some CTAs with far more work than others."""
-    one_cta = config.replace(persistent=False, dynamic_tiles=False)
+    one_cta = config.replace(persistent=False, dynamic_tiles=False, q_stages=1)
     if seqlen is not None and seqlen < LONG_MASKED_PACKED_SEQLEN:
         return one_cta
     return one_cta.replace(**_ONE_CTA_MASKED_TILES.get(head_dim, {}))

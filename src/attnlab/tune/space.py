@@ -121,7 +121,9 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     moved with the head dim). The tile itself is also tried with the other lazy-rescale
     setting (``lazy_rescale``: +1-2 % device only at causal 4k, -1 to -2 % at plain hd128 on
     an H100, thirty-eighth session) and with the other row-sum order (``correction_first``:
-    -3.5 to +5.8 % by head dim and mask, forty-seventh session)."""
+    -3.5 to +5.8 % by head dim and mask, forty-seventh session), and on its persistent grid
+    with the other count of Q buffers (``q_stages``: +1 to +7 % by head dim and length, -3 %
+    at hd64's three-warpgroup masked tiles, forty-ninth session); one CTA per tile takes one."""
     fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
     orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
         else [(config.lpt, config.l2_section_mb)]
@@ -140,6 +142,7 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
             candidate = config.replace(kv_stages=stages, **schedule, fence_p=fence, lpt=lpt,
                                        l2_section_mb=section_mb, persistent=persistent,
                                        dynamic_tiles=dynamic, cluster_m=cluster,
+                                       q_stages=config.q_stages if persistent else 1,
                                        lazy_rescale=config.lazy_rescale and overlap,
                                        correction_first=config.correction_first and overlap)
             if head_dim is not None:
@@ -150,4 +153,12 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     if config.intra_wg_overlap:
         around += [config.replace(lazy_rescale=not config.lazy_rescale),
                    config.replace(correction_first=not config.correction_first)]
+    if config.persistent:
+        try:
+            other = config.replace(q_stages=3 - config.q_stages)
+            if head_dim is not None:
+                other.check_problem(head_dim, arch)
+            around.append(other)
+        except ConfigError:
+            pass  # no room for O's own tile beside a second Q
     return around

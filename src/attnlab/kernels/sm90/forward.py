@@ -157,7 +157,9 @@ class FlashForwardSm90(ForwardKernel):
         mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_mn, cutlass.Float32, atoms, (WGMMA_M, D),
             warpgroup.OperandSource.RMEM)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype, 1)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype,
+                                                  cfg.q_stages)
+        sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_qk, self.dtype,
                                                   cfg.kv_stages)
         # V is the B operand of P V with N = head dim contiguous: MN-major.
@@ -184,17 +186,18 @@ class FlashForwardSm90(ForwardKernel):
                                     cfg.num_warps * 32, D))
         else:
             o_store = tuple(cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(),
-                                                        rows_first(mO), self._stage(sQ_layout),
+                                                        rows_first(mO), self._stage(sO_layout),
                                                         (cfg.block_m, D)))
 
-        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout)
+        SharedStorage = self._shared_storage(sQ_layout, sO_layout, sK_layout, sV_layout)
         num_m_blocks = cute.ceil_div(t.max_seqlen_q, cfg.block_m)
         scheduler = TileScheduler(num_m_blocks, num_seqs, mQ.shape[2], cfg.persistent,
                                   self.windowed, cfg.lpt)
         self.kernel(
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
-            t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout,
-            SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2], t.tile_counter,
+            t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sO_layout, sK_layout,
+            sV_layout, SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2],
+            t.tile_counter,
         ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
                  cluster=[cluster, 1, 1] if cluster > 1 else None, stream=stream,
                  min_blocks_per_mp=1)
@@ -204,24 +207,28 @@ class FlashForwardSm90(ForwardKernel):
         """One stage of a staged shared-memory layout (what one TMA copy fills)."""
         return cute.slice_(staged_layout, (None, None, 0))
 
-    def _shared_storage(self, sQ_layout, sK_layout, sV_layout):
-        """Q, O's own tile where ``stages_o_apart``, the K and V rings, the barriers
-        (full/empty for Q and per K and V stage), and with ``dynamic_tiles`` the tile
-        slots."""
-        stages = self.cfg.kv_stages
+    def _shared_storage(self, sQ_layout, sO_layout, sK_layout, sV_layout):
+        """Q's ring, O's own tile where ``stages_o_apart``, the K and V rings, the barriers
+        (full/empty per Q, K and V stage), and with ``dynamic_tiles`` the tile slots."""
+        stages, q_stages = self.cfg.kv_stages, self.cfg.q_stages
         fields = {"sQ": shared_tile(self.dtype, sQ_layout)}
         if cutlass.const_expr(self.cfg.stages_o_apart(self.head_dim)):
-            fields["sO"] = shared_tile(self.dtype, sQ_layout)
+            fields["sO"] = shared_tile(self.dtype, sO_layout)
         fields.update({
             "sK": shared_tile(self.dtype, sK_layout), "sV": shared_tile(self.dtype, sV_layout),
-            "q_bars": cute.struct.MemRange[cutlass.Int64, 2],
+            "q_bars": cute.struct.MemRange[cutlass.Int64, 2 * q_stages],
             "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
             "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages]})
         if cutlass.const_expr(self.cfg.dynamic_tiles):
-            # The tile of each Q stage, two deep (by the Q ring's count), so the producer
-            # can write the next while the consumers read this one.
-            fields["tile_slots"] = cute.struct.MemRange[cutlass.Int32, 2]
+            fields["tile_slots"] = cute.struct.MemRange[cutlass.Int32, self._tile_slots()]
         return shared_storage(fields)
+
+    def _tile_slots(self) -> int:
+        """Slots of the tiles drawn with ``dynamic_tiles``, by the Q ring's count: the
+        producer writes a tile's slot before it waits for the tile's Q stage, so it may be
+        ``q_stages`` tiles past one whose slot the consumers have yet to read; twice the Q
+        stages keep those slots apart."""
+        return 2 * self.cfg.q_stages
 
     # ----------------------------------------------------------------------------------------
     # Device side
@@ -231,7 +238,7 @@ class FlashForwardSm90(ForwardKernel):
                mLSE: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor,
                window_left: cutlass.Int32, window_right: cutlass.Int32,
                softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
-               sQ_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
+               sQ_layout, sO_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
                num_m_blocks: cutlass.Int32, num_seqs: cutlass.Int32,
                heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor):
         cfg = self.cfg
@@ -245,13 +252,13 @@ class FlashForwardSm90(ForwardKernel):
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sO = sQ
         if cutlass.const_expr(cfg.stages_o_apart(self.head_dim)):
-            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        # Q's barriers are a ring of one stage: its "empty" side matters only to a persistent
-        # CTA, whose next Q waits for the consumers to be done with this one.
+        # Q's ring: its "empty" side matters only to a persistent CTA, whose next Q waits for
+        # the consumers to be done with the one ``q_stages`` tiles back.
         cluster = cfg.cluster_m
-        pipes = [self._tma_pipeline(storage.q_bars.data_ptr(), sQ_layout, 1),
+        pipes = [self._tma_pipeline(storage.q_bars.data_ptr(), sQ_layout, cfg.q_stages),
                  self._tma_pipeline(storage.k_bars.data_ptr(), sK_layout, cfg.kv_stages,
                                     cluster),
                  self._tma_pipeline(storage.v_bars.data_ptr(), sV_layout, cfg.kv_stages,
@@ -312,7 +319,7 @@ class FlashForwardSm90(ForwardKernel):
 
     def _ring_states(self, user: pipeline.PipelineUserType) -> tuple:
         """The positions in Q's ring and in the K/V ring, carried from tile to tile."""
-        return (pipeline.make_pipeline_state(user, 1),
+        return (pipeline.make_pipeline_state(user, self.cfg.q_stages),
                 pipeline.make_pipeline_state(user, self.cfg.kv_stages))
 
     @cute.jit
@@ -340,18 +347,17 @@ class FlashForwardSm90(ForwardKernel):
         the next one overwrites it); returns ``states``."""
         q_state, _ = states
         if cute.arch.lane_idx() == 0:
-            slots[q_state.count % 2] = tile
+            slots[q_state.count % self._tile_slots()] = tile
         return states
 
-    @staticmethod
-    def _consume_dynamic(scheduler: TileScheduler, consume, states: tuple,
+    def _consume_dynamic(self, scheduler: TileScheduler, consume, states: tuple,
                          slots: cute.Tensor, q_pipe) -> None:
         """The consumers' walk with ``dynamic_tiles``: each tile from the slot of its Q stage,
         read once Q has landed, until the producer's tile past the last."""
 
         def receive(states):
             q_pipe.consumer_wait(states[0])
-            return slots[states[0].count % 2], states
+            return slots[states[0].count % self._tile_slots()], states
 
         scheduler.take_each_tile(consume, states, receive)
 
@@ -493,7 +499,8 @@ class FlashForwardSm90(ForwardKernel):
         # (``uniform_stage``), ptxas can build them in uniform registers.
         wg_qk = mma_qk.get_slice(wg * 128)
         wg_pv = mma_pv.get_slice(wg * 128)
-        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ[None, None, 0]))
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))[None, None, None,
+                                                             uniform_stage(q_state)]
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(sV))
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((cfg.block_m, D)),
