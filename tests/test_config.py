@@ -250,6 +250,14 @@ def test_q_stages_double_buffer_the_persistent_walks_q():
     assert two.short_name().endswith("+q_stages_2") and "q_stages" not in base.short_name()
     assert two.smem_bytes(64) == base.smem_bytes(64) + 128 * 64 * 2
     two.check_problem(64, "sm_90a")
+    # The policy's: the short masked hd64 tile, hd128's persistent tiles and hd64 plain
+    # below 8k take two; hd64 plain from 8k and one CTA per tile (hd128 causal) one.
+    for head_dim, windowed, seqlen, stages in ((64, False, 4096, 2), (64, False, 8192, 1),
+                                               (64, False, None, 1), (128, False, None, 2),
+                                               (128, True, 4096, 2), (128, True, 16384, 1),
+                                               (64, True, 4096, 1), (256, False, None, 1)):
+        config = policy.default_for("sm_90a", head_dim, windowed, seqlen=seqlen)
+        assert config.q_stages == stages, (head_dim, windowed, seqlen)
     for bad in ({"q_stages": 3}, {"q_stages": 0}, {"q_stages": 2, "persistent": False,
                                                    "dynamic_tiles": False}):
         with pytest.raises(ConfigError, match="q_stages"):

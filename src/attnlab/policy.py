@@ -135,9 +135,10 @@ FA4_ORDER = {**_CORRECTION_FIRST, "rescale_o_before_pv": False, **_LATE_O}
 #: tokens, bf16 unless noted, end to end (device only), default -> it: hd64 short masked
 #: tile 1k 302 (316) -> 320 (337), fp16 297 (309) -> 302 (314); hd64 plain 1k 404 (429) ->
 #: 421 (451), 4k 508 (559) -> 514 (563); hd128 plain 1k 562 (615) -> 607 (655), 4k 661 (722)
-#: -> 670 (732); hd128 causal 1k 429 (452) -> 454 (479), 4k 588 (648) -> 600 (660). Not
-#: hd64's three-warpgroup masked tiles (2k 409 -> 400, 4k 474 -> 460 device only, fp16
-#: likewise -0.4 to -2.7 %).
+#: -> 670 (732); hd128 causal 1k 429 (452) -> 454 (479), 4k 588 (648) -> 600 (660); hd128
+#: plain 16k 692 (725) -> 700 (731). Not hd64's three-warpgroup masked tiles (2k 409 -> 400,
+#: 4k 474 -> 460 device only, fp16 likewise -0.4 to -2.7 %), nor hd64 plain from 8k
+#: (``_LONG_PLAIN_TILES``).
 _Q_DOUBLE = {"q_stages": 2}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
@@ -251,6 +252,13 @@ LONG_MASKED_SEQLEN = 2048
 #: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
 #: tiles were not measured on them from 2k).
 LONG_MASKED_PACKED_SEQLEN = 4096
+#: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
+#: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
+#: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
+#: 538 (567) and 561 (571) -> 561 (571). A tile there walks 64-128 K/V blocks, over which
+#: the Q load's wait is spread thin; the two buffers won at 1k and 4k (``_Q_DOUBLE``).
+_LONG_PLAIN_TILES: dict[int, dict[str, object]] = {64: {"q_stages": 1}}
+LONG_PLAIN_SEQLEN = 8192
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
 #: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
 #: cross shapes, device only): +8-13 % at 77 keys (`docs/measurement.md`, sixteenth session).
@@ -286,7 +294,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128 in ``FA4_ORDER``, hd128 one CTA per tile
     longest first), below
     it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd192's and hd256's tiles
-    have it);
+    have it); unmasked from ``LONG_PLAIN_SEQLEN`` (or ``seqlen`` None), ``_LONG_PLAIN_TILES``
+    (hd64 with one Q buffer);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
@@ -307,6 +316,9 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         lazy = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
         if lazy and head_dim in _LAZY_MASKED_HEAD_DIMS:
             config = config.replace(lazy_rescale=True)
+        long_plain = not windowed and (seqlen is None or seqlen >= LONG_PLAIN_SEQLEN)
+        if long_plain and head_dim in _LONG_PLAIN_TILES:
+            config = config.replace(**_LONG_PLAIN_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
         return config
