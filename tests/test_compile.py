@@ -202,17 +202,18 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     64-row atom (HGMMA per warpgroup unchanged) and 128 threads (the rescale moved there too,
     the hd64 default until the epilogue's addresses moved after the loop); the row sums
     started from the corrected old sums (the hd64 default) only move O's rescale from after
-    the last exponential to under them."""
+    the last exponential to under them; a second Q buffer (the hd128 default) only two more
+    barriers."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     # ``attnlab ladder`` labels every row it measures by its step's name.
     assert set(ladder.NAMED) <= set(ladder.STEP_NAMES)
     assert ladder.named_for("sm_80", 64, "sm90") == {}
-    assert rows["wg_free"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_q2"] == policy.default_for("sm_90a", 128)
     assert rows["wg_cluster"] == policy.paired_row_blocks(rows["wg_free"], 128, 4096)
-    assert rows["wg_persistent"].replace(correction_first=True) == policy.default_for(
-        "sm_90a", 128, windowed=True)
+    assert rows["wg_persistent"].replace(correction_first=True, q_stages=2) == \
+        policy.default_for("sm_90a", 128, windowed=True)
     assert rows["wg_tall_correction_first"] == policy.default_for("sm_90a", 64)
     ops, orders = {}, {}
     for name, cfg in rows.items():
@@ -235,6 +236,9 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_cluster"]["HGMMA"] == 3 * gemms and ops["wg_cluster"]["BAR"] == ops[
         "wg_free"]["BAR"]
     assert ops["wg_cluster"]["UCGABAR_ARV"] == 1 and "UCGABAR_ARV" not in ops["wg_free"]
+    assert ops["wg_q2"]["SYNCS"] == ops["wg_free"]["SYNCS"] + 2
+    for op in ("HGMMA", "MUFU", "BAR"):
+        assert ops["wg_q2"][op] == ops["wg_free"][op], op
     assert ops["wg_rescale_first"]["HGMMA"] == 3 * gemms
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
@@ -387,6 +391,28 @@ def test_dynamic_tiles_draw_from_the_counter(windowed, artifact_dir):
     static, dynamic = ops(cfg.replace(dynamic_tiles=False)), ops(cfg.replace(dynamic_tiles=True))
     assert static["ATOMG"] == 0 and dynamic["ATOMG"] == 2
     assert dynamic["HGMMA"] == static["HGMMA"] and dynamic["STG"] == static["STG"] + 2
+
+
+@pytest.mark.parametrize("head_dim,windowed,seqlen", [(64, True, 1024), (128, False, None)],
+                         ids=["hd64-short-masked", "hd128-plain"])
+def test_q_stages_ring_q_beside_the_same_loop(head_dim, windowed, seqlen, artifact_dir):
+    """``q_stages=2`` (the policy's at these tiles): Q's ring gets a second stage, so two more
+    barriers to initialise, and the loop's MMAs, exponentials and FMAs are the one-stage
+    build's; no spill either way."""
+    cfg = policy.default_for("sm_90a", head_dim, windowed, seqlen=seqlen)
+    assert cfg.q_stages == 2
+
+    def ops(config):
+        art = compile_config(config, "sm_90a", head_dim=head_dim, windowed=windowed,
+                             out_dir=artifact_dir)
+        sass_text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, sass_text).spills
+        return histogram(parse(sass_text))
+
+    one, two = ops(cfg.replace(q_stages=1)), ops(cfg)
+    assert two["SYNCS"] == one["SYNCS"] + 2
+    for opcode in ("HGMMA", "MUFU", "FFMA", "UTMALDG", "UTMASTG"):
+        assert two[opcode] == one[opcode], opcode
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])

@@ -142,7 +142,9 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: three-warpgroup tile with its turns (the hd64 default until the thirty-seventh session);
 #: instead of it the epilogue's addresses built after the K/V loop; and with them each row's
 #: sum started from the old sum times its correction, so O's rescale runs under P's
-#: exponentials (forty-seventh session), the hd64 default.
+#: exponentials (forty-seventh session), the hd64 default. Off the persistent step without
+#: turns, Q in two buffers, so the next tile's Q loads during this tile's K/V walk (the hd128
+#: default, forty-ninth session).
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
 _PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
 _PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
@@ -154,6 +156,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_persistent": _PERSISTENT,
     "wg_free": _PERSISTENT.replace(pingpong=False),
     "wg_cluster": _PERSISTENT.replace(pingpong=False, cluster_m=2),
+    "wg_q2": _PERSISTENT.replace(pingpong=False, q_stages=2),
     "wg_rescale_first": _PERSISTENT.replace(pingpong=False, rescale_o_before_pv=True),
     "wg_tall": _TALL,
     "wg_tall_rescale_first": _TALL.replace(rescale_o_before_pv=True),
@@ -174,7 +177,8 @@ BASES: dict[str, str] = {
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
-    "wg_cluster": "wg_free", "wg_rescale_first": "wg_free", "wg_tall": "wg_persistent",
+    "wg_cluster": "wg_free", "wg_q2": "wg_free", "wg_rescale_first": "wg_free",
+    "wg_tall": "wg_persistent",
     "wg_tall_rescale_first": "wg_tall", "wg_tall_late_o": "wg_tall",
     "wg_tall_correction_first": "wg_tall_late_o",
 }
@@ -211,6 +215,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_persistent": "sm_90a: persistent CTAs, next tile loaded under this one's store",
     "wg_free": "sm_90a: persistent, the warpgroups without turns",
     "wg_cluster": "sm_90a: K/V multicast to clusters of two CTAs",
+    "wg_q2": "sm_90a: Q in two buffers, the next tile's loaded during this one",
     "wg_rescale_first": "sm_90a: O rescaled under the next S = Q K^T",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
     "wg_tall_rescale_first": "sm_90a: B_r = 192, O rescaled under the next S = Q K^T",

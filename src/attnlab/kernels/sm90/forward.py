@@ -30,11 +30,13 @@ straight from the S registers, O normalised once); what changes is who does the 
   block j's S = Q K^T runs, before block j-1's P V is issued, instead of after that P V
   completes, where the rescale (D / 2 multiplies per thread per block) delays the next turn.
 * **Persistent grid** (``persistent``). One CTA per SM walks the tiles (the tile
-  scheduler's snake over waves); Q's barriers are a ring of one stage and the K/V ring runs
-  on across tiles, so the producer loads the next tile's first K/V block and, once the
-  consumers release Q, its Q, while they finish this tile. Where shared memory has room O is
-  staged in its own tile (``stages_o_apart``): Q is then released after the last
-  S = Q K^T, and a tile's O store is waited for only before the next tile stages its O.
+  scheduler's snake over waves); Q and the K/V ring run on across tiles, so the producer
+  loads the next tile's first K/V block and its Q while the consumers finish this tile. Where
+  shared memory has room O is staged in its own tile (``stages_o_apart``): Q is then
+  released after the last S = Q K^T, and a tile's O store is waited for only before the next
+  tile stages its O. With one Q buffer the next Q loads only once this tile's is released,
+  so consumers back from a short tile's epilogue wait for it; ``q_stages=2`` rings Q over two
+  buffers, loading the next tile's Q while this tile's K/V blocks are walked.
 * **K and V multicast in clusters of two** (``cluster_m``, persistent unmasked walks). The two
   CTAs of a cluster compute neighbouring row blocks of one head, so they walk the same K/V
   blocks: each loads half of every block and the TMA unit writes it into both CTAs' rings
@@ -406,9 +408,10 @@ class FlashForwardSm90(ForwardKernel):
                  sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, pipes: list,
                  states: tuple) -> tuple:
         """The producer warp's work for one tile: Q, then K_j and V_j for every block (a
-        persistent CTA: K_0 first, then Q once the consumers are done with the previous
-        tile's, then V_j and K_{j+1}), each into the next free stage of its ring, blocks in
-        the order the consumers take them. Returns the rings' states after it."""
+        persistent CTA: K_0 first, then Q once its stage is free, i.e. once the consumers are
+        done with the tile ``q_stages`` back, then V_j and K_{j+1}), each into the next free
+        stage of its ring, blocks in the order the consumers take them. Returns the rings'
+        states after it."""
         q_state, state = states
         if tile.has_rows:
             q_state, state = self._produce_rows(tile, tma_q, tma_k, tma_v, sQ, sK, sV, pipes,
