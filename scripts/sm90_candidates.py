@@ -21,7 +21,7 @@ from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
-from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, FlashConfig
+from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, ConfigError, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import FA4_ORDER, SM90A_WGMMA_KNOBS, default_for, paired_row_blocks
 from attnlab.tune.cache import seqlen_bucket
@@ -171,15 +171,29 @@ def candidates(head_dim: int, causal: bool, seqlen: int,
     at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice. The
     default is the policy's at the length's bucket, as ``dispatch`` looks it up (which may
     still hand an unbalanced static walk to the counter), unmasked row blocks paired in
-    clusters where ``dispatch`` pairs them."""
+    clusters where ``dispatch`` pairs them. A variant the head dim cannot build (e.g. a second
+    Q buffer where shared memory has no room for it) is left out."""
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen_bucket(seqlen))
     if not causal:
         default = paired_row_blocks(default, head_dim, seqlen)
-    chosen = {name: default.replace(**knobs) for name, knobs in VARIANTS[head_dim].items()
+    chosen = {name: _variant(default, knobs, head_dim)
+              for name, knobs in VARIANTS[head_dim].items()
               if name == "default" or (not (causal and name in PLAIN_ONLY)
                                        and (name in names if names is not None
                                             else causal or name not in MASKED_ONLY))}
-    return {name: cfg for name, cfg in chosen.items() if name == "default" or cfg != default}
+    return {name: cfg for name, cfg in chosen.items()
+            if name == "default" or (cfg is not None and cfg != default)}
+
+
+def _variant(default: FlashConfig, knobs: dict[str, object], head_dim: int
+             ) -> FlashConfig | None:
+    """``default`` with ``knobs``, or None where that cannot be built at ``head_dim``."""
+    try:
+        config = default.replace(**knobs)
+        config.check_problem(head_dim, "sm_90a")
+    except ConfigError:
+        return None
+    return config
 
 
 def main() -> None:
