@@ -288,8 +288,10 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
     from the counter (hd32, hd96: a 24-32 B frame of the walk's state, stored and loaded
     outside the MMAs; measured +2 to +5% over one CTA per tile without it)."""
     cfg = policy.default_for("sm_90a", head_dim, windowed)
+    # Without a length the problem is long: hd64 plain keeps one Q buffer there.
+    long_plain = {} if windowed else policy._LONG_PLAIN_TILES.get(head_dim, {})
     assert cfg.wgmma and cfg == ladder.HOPPER_STEPS["wgmma"].replace(
-        **policy.SM90A_WGMMA_KNOBS[head_dim, windowed])
+        **policy.SM90A_WGMMA_KNOBS[head_dim, windowed]).replace(**long_plain)
     art = compile_config(cfg, "sm_90a", head_dim=head_dim, windowed=windowed,
                          out_dir=artifact_dir)
     sass_text = disassemble(art.cubin)
@@ -562,7 +564,7 @@ def test_overlap_and_pingpong_are_wgmma_knobs():
         policy.default_for("sm_90a", 128).replace(block_m=64, num_warps=4, pingpong=True)
     name = policy.default_for("sm_90a", 128).replace(intra_wg_overlap=True,
                                                      pingpong=True).short_name()
-    assert "+intra_wg_overlap+pingpong" in name and name.endswith("+persistent")
+    assert "+intra_wg_overlap+pingpong" in name and "+persistent" in name
 
 
 @pytest.mark.parametrize("head_dim,block_n", [(192, 112), (256, 80), (192, 96)])
