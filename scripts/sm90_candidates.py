@@ -23,7 +23,13 @@ from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, ConfigError, FlashConfig
 from attnlab.kernels.abi import ForwardSpec
-from attnlab.policy import FA4_ORDER, SM90A_WGMMA_KNOBS, default_for, paired_row_blocks
+from attnlab.policy import (
+    FA4_ORDER,
+    ONE_CTA,
+    SM90A_WGMMA_KNOBS,
+    default_for,
+    paired_row_blocks,
+)
 from attnlab.tune.cache import seqlen_bucket
 
 #: Candidates per head dim: knob changes on the default of the point (``policy.default_for``
@@ -31,7 +37,6 @@ from attnlab.tune.cache import seqlen_bucket
 #: ``{}`` is the default itself.
 _PERSISTENT = {"persistent": True, "dynamic_tiles": False}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
-_ONE_CTA = {"persistent": False, "dynamic_tiles": False, "q_stages": 1}
 #: The persistent grid in the longest-first order over one section of every head: the only
 #: order whose tiles shorten steadily through the launch, which the snake balances (the host
 #: model, ``tile_order.snake_imbalance``: 1.00-1.01 where the per-head order gets 1.5-1.8);
@@ -40,7 +45,7 @@ _GLOBAL_LPT = {"lpt": True, "l2_section_mb": MAX_L2_SECTION_MB}
 #: FA3 drops the warpgroups' turns (its scheduler barrier) above hd128 with the overlap on:
 #: measured here only at hd64 and hd128 (+1-2 %), inherited by the other head dims.
 _GRIDS = {"default": {}, "no_pingpong": {"pingpong": False},
-          "one_cta": _ONE_CTA, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
+          "one_cta": ONE_CTA, "persistent": _PERSISTENT, "dynamic": _DYNAMIC,
           "persistent_global_lpt": {**_PERSISTENT, **_GLOBAL_LPT},
           "dynamic_global_lpt": {**_DYNAMIC, **_GLOBAL_LPT}}
 #: Three consumer warpgroups under a mask spill in the K/V loop once it is inside a loop over
@@ -57,7 +62,7 @@ VARIANTS: dict[int, dict[str, dict[str, object]]] = {
     for head_dim in (32, 64, 96, 128, 192, 256)}
 #: The one-CTA-per-tile masked tiles of the balance rule's time (nineteenth session), against
 #: the counter at the same lengths.
-VARIANTS[128]["one_cta_kv3"] = {**_ONE_CTA, "kv_stages": 3}
+VARIANTS[128]["one_cta_kv3"] = {**ONE_CTA, "kv_stages": 3}
 #: Unmasked hd128 without the turns (thirty-third session): a third K/V stage, and wider K/V
 #: blocks (FA3's hd128 tile is 128 x 176, with turns).
 VARIANTS[128].update(kv3={"kv_stages": 3}, pingpong={"pingpong": True}, **{
@@ -97,14 +102,14 @@ for _head_dim in (32, 64, 96, 256):
 #: it): hd128 gained from it from 8k (thirty-fifth session), hd64 not measured since the
 #: twentieth session (-7 % at 4k then, before the R2P mask).
 for _head_dim in (32, 64):
-    VARIANTS[_head_dim]["one_cta_bc128"] = {**_ONE_CTA, "block_n": 128, "fence_p": False}
+    VARIANTS[_head_dim]["one_cta_bc128"] = {**ONE_CTA, "block_n": 128, "fence_p": False}
 #: ... and on the default's grid, where B_c 128 spills 4 values today (`attnlab sass --masked`).
 VARIANTS[64]["bc128"] = {"block_n": 128, "fence_p": False}
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 #: hd256's 16 MiB sections; at hd128 causal also FA4's grid, one CTA per tile longest first
 #: (thirty-fifth session).
 for _head_dim in (128, 256):
-    VARIANTS[_head_dim].update(one_cta_lpt16={**_ONE_CTA, **_LPT16},
+    VARIANTS[_head_dim].update(one_cta_lpt16={**ONE_CTA, **_LPT16},
                                dynamic_lpt16={**_DYNAMIC, **_LPT16})
 #: hd128's masked grids before that, from 8k too: the per-head order, static and from the
 #: counter.

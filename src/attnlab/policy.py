@@ -142,6 +142,9 @@ FA4_ORDER = {**_CORRECTION_FIRST, "rescale_o_before_pv": False, **_LATE_O}
 _Q_DOUBLE = {"q_stages": 2}
 _M192 = {"block_m": 192, "num_warps": 12}
 _PERSISTENT = {"persistent": True}
+#: One CTA per tile: neither the persistent walk nor what only it has (the counter, Q's
+#: second buffer).
+ONE_CTA = {"persistent": False, "dynamic_tiles": False, "q_stages": 1}
 _DYNAMIC = {"persistent": True, "dynamic_tiles": True}
 _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     (32, False): {**_M192, "block_n": 128, "kv_stages": 3, **_CORRECTION_FIRST,
@@ -221,8 +224,7 @@ _ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
 #: three on the 4k tile lost (bf16 469 -> 452 and 465 -> 451 device only, fp16 -2 %).
 _VERY_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
     64: {"block_n": 128, "fence_p": False, **FA4_ORDER},
-    128: {"persistent": False, "dynamic_tiles": False, "q_stages": 1, "lpt": True,
-          "l2_section_mb": 16},
+    128: {**ONE_CTA, "lpt": True, "l2_section_mb": 16},
 }
 VERY_LONG_MASKED_SEQLEN = 8192
 #: Masked hd64 up to ``MID_MASKED_SEQLEN`` queries (the 2k bucket): the long masked tile on the
@@ -348,7 +350,7 @@ def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> 
     ``seqlen``) on one CTA per tile, for packed sequences: the hardware hands each tile to
     whichever CTA finishes first, where a fixed walk over tiles whose lengths the host does
     not know could leave some CTAs with far more work than others."""
-    one_cta = config.replace(persistent=False, dynamic_tiles=False, q_stages=1)
+    one_cta = config.replace(**ONE_CTA)
     if seqlen is not None and seqlen < LONG_MASKED_PACKED_SEQLEN:
         return one_cta
     return one_cta.replace(**_ONE_CTA_MASKED_TILES.get(head_dim, {}))
