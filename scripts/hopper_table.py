@@ -21,10 +21,9 @@ from pathlib import Path
 
 import torch
 
-from attnlab.api import attention_varlen
 from attnlab.bench.baselines import available_peers
+from attnlab.bench.ragged import RaggedBatch
 from attnlab.bench.runner import Point, Result, attnlab_impl, measure_point, tokens_grid
-from attnlab.bench.timing import attention_flops
 
 PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
 #: Issue 19's targets: >= 1.05x the better of FA4 and cuDNN at hd 64 / 128 / 256 from seq 2k,
@@ -32,9 +31,6 @@ PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
 MAIN_TARGET, OTHER_TARGET = 1.05, 1.0
 _MAIN = re.compile(r"hd(64|128|256) B=\d+ H=\d+ Sq=(2048|4096|8192|16384) ")
 _OTHER = re.compile(r"hd(32|96|192) |H=\d+/\d+ |varlen")
-#: The ragged batch: 16 sequences, 32768 tokens, from 256 to 4096 each.
-VARLEN_SEQLENS = [4096, 256, 3072, 1024, 2048, 512, 4096, 1536, 2560, 768, 3584, 1280, 2304,
-                  1792, 3328, 512]
 
 
 def grid(dtypes: list[str], quick: bool, head_dims: list[int] | None = None) -> list[Point]:
@@ -52,41 +48,10 @@ def grid(dtypes: list[str], quick: bool, head_dims: list[int] | None = None) -> 
 
 
 def varlen_rows(dtype: str, causal: bool, runs: int) -> dict:
-    """attnlab and FA4 on the ragged batch; TFLOP/s from the sum of the sequences' FLOPs."""
-    heads, head_dim = 16, 128
-    lengths = torch.tensor([0, *VARLEN_SEQLENS])
-    cu = lengths.cumsum(0).to(torch.int32).cuda()
-    total, longest = int(cu[-1]), max(VARLEN_SEQLENS)
-    flops = sum(attention_flops(1, heads, s, s, head_dim, causal) for s in VARLEN_SEQLENS)
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    dt = getattr(torch, dtype)
-    sets = [tuple(torch.randn(total, heads, head_dim, device="cuda", dtype=dt, generator=gen)
-                  for _ in range(3)) for _ in range(4)]
-
-    def ours(q, k, v, scale, causal):
-        return attention_varlen(q, k, v, cu, cu, longest, longest, softmax_scale=scale,
-                                causal=causal)
-
-    impls = {"attnlab": ours}
-    try:
-        from flash_attn.cute import flash_attn_varlen_func
-
-        def fa4(q, k, v, scale, causal):
-            return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                          max_seqlen_q=longest, max_seqlen_k=longest,
-                                          softmax_scale=scale, causal=causal)[0]
-        impls["fa4"] = fa4
-    except ImportError:
-        pass
-    # A stand-in point for the timing: only its dtype, head dim and mask are read.
-    point = Point(1, total, total, heads, head_dim, dtype, causal)
-    results = measure_point(point, impls, runs=runs, sets=sets)
-    row = {"point": f"{dtype} varlen hd128 H=16 {len(VARLEN_SEQLENS)} seqs {total} tokens"
-                    f"{' causal' if causal else ''}"}
-    for r in results:
-        row[r.impl] = ([flops / r.timing.median_ms / 1e9, flops / r.device_timing.median_ms / 1e9,
-                        None] if r.timing else [None, None, r.error])
-    return row
+    """attnlab and FA4 on the ragged batch (``bench.ragged``)."""
+    batch = RaggedBatch(128, dtype)
+    impls = {"attnlab": batch.attnlab(), "fa4": batch.fa4()}
+    return batch.measure({n: fn for n, fn in impls.items() if fn is not None}, causal, runs)
 
 
 def dense_row(results: list[Result]) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
+from attnlab.bench.ragged import RaggedBatch
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, ConfigError, FlashConfig
@@ -159,12 +160,23 @@ for _head_dim in VARIANTS:
 #: tile's K/V walk, where the consumers of the short masked hd64 tile waited for it (ncu at
 #: causal 1k: the most-sampled stall, 6.6 % of the warps' samples, a Q wait at a tile's start).
 for _head_dim in VARIANTS:
-    VARIANTS[_head_dim].update(q2={"q_stages": 2}, q1={"q_stages": 1})
+    VARIANTS[_head_dim].update(q2={"q_stages": 2}, q1={"q_stages": 1},
+                               dynamic_q2={**_DYNAMIC, "q_stages": 2})
+#: Packed sequences under a mask ran one CTA per tile until the fiftieth session measured the
+#: dense masked tile on the counter (``policy._PACKED_WALK``), and in the longest-first order
+#: over one section of every head (-25 % at hd128: its sections are sized from the average
+#: sequence).
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim].update(
+        dense_masked_dynamic={**SM90A_WGMMA_KNOBS[_head_dim, True], **_DYNAMIC},
+        dense_masked_dynamic_lpt={**SM90A_WGMMA_KNOBS[_head_dim, True], **_DYNAMIC,
+                                  **_GLOBAL_LPT})
 #: Variants only an unmasked walk can take: never timed on masked points.
 PLAIN_ONLY = {"cluster", "no_cluster"}
 
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
-MASKED_ONLY = {"long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
+MASKED_ONLY = {"dense_masked_dynamic", "dense_masked_dynamic_lpt",
+               "long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
                "one_cta_bc128", "bc128",
                "one_cta_kv3", "per_head_persistent", "per_head_dynamic"}
 
@@ -188,6 +200,18 @@ def candidates(head_dim: int, causal: bool, seqlen: int,
                                             else causal or name not in MASKED_ONLY))}
     return {name: cfg for name, cfg in chosen.items()
             if name == "default" or (cfg is not None and cfg != default)}
+
+
+def varlen_candidates(head_dim: int, causal: bool, default: FlashConfig,
+                      names: set[str] | None = None) -> dict[str, FlashConfig]:
+    """The grid variants (``_GRIDS``) and the named ones of the ragged batch's ``default``
+    (what ``attention_varlen`` picks), those that build and differ from it."""
+    chosen = {name: _variant(default, knobs, head_dim)
+              for name, knobs in VARIANTS[head_dim].items()
+              if name != "default" and not (causal and name in PLAIN_ONLY)
+              and (name in names if names is not None else name in _GRIDS)}
+    return {"default": default, **{name: cfg for name, cfg in chosen.items()
+                                   if cfg is not None and cfg != default}}
 
 
 def _variant(default: FlashConfig, knobs: dict[str, object], head_dim: int
@@ -218,6 +242,9 @@ def main() -> None:
     parser.add_argument("--variants", default=None,
                         help="comma-separated VARIANTS names to time beside the default "
                              "(default: all of the head dim's)")
+    parser.add_argument("--varlen", action="store_true",
+                        help="time the Hopper table's ragged batch (bench.ragged) at each head "
+                             "dim, mask and dtype instead of dense points")
     args = parser.parse_args()
     names = None if args.variants is None else set(args.variants.split(","))
     unknown = (names or set()) - {name for per_dim in VARIANTS.values() for name in per_dim}
@@ -234,6 +261,12 @@ def main() -> None:
         return Point(args.tokens // seqlen, seqlen, seqlen, 2048 // head_dim, head_dim, dtype,
                      causal)
 
+    if args.varlen:
+        rows = [varlen_row(hd, causal, dtype, names, args.runs)
+                for dtype in dtypes for hd in head_dims for causal in masks]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sm90_candidates.json").write_text(json.dumps(rows, indent=1))
+        return
     points = [point(hd, causal, n, dtype) for dtype in dtypes for hd in head_dims
               for causal in masks for n in seqlens]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
@@ -254,6 +287,31 @@ def main() -> None:
         print(one_line(point.label(), results), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_candidates.json").write_text(json.dumps(rows, indent=1))
+
+
+def varlen_row(head_dim: int, causal: bool, dtype: str, names: set[str] | None,
+               runs: int) -> dict:
+    """The ragged batch's default and its variants against FA4, one row."""
+    batch = RaggedBatch(head_dim, dtype)
+    configs = varlen_candidates(head_dim, causal, batch.default_config(causal), names)
+    kernel_cache.warm([ForwardSpec(cfg, "sm_90a", dtype, head_dim, causal, varlen=True,
+                                   with_lse=False)
+                       for cfg in configs.values()], jobs=16)
+    impls = {name: batch.attnlab(cfg) for name, cfg in configs.items()}
+    if (fa4 := batch.fa4()) is not None:
+        impls["fa4"] = fa4
+    # A variant that walks the packed tiles wrongly must not win: each against the default.
+    q, k, v = batch.sets[0]
+    scale = head_dim ** -0.5
+    ref = impls["default"](q, k, v, scale, causal).float()
+    diffs = {name: float((fn(q, k, v, scale, causal).float() - ref).abs().max())
+             for name, fn in impls.items() if name != "default"}
+    row = {**batch.measure(impls, causal, runs), "max_abs_diff_to_default": diffs,
+           "configs": {n: c.short_name() for n, c in configs.items()}}
+    cells = "  ".join(f"{n} {v[0]:.0f}({v[1]:.0f})" for n, v in row.items()
+                      if isinstance(v, list) and v[0] is not None)
+    print(f"{row['point']}: {cells}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

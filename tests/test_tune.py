@@ -213,19 +213,20 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
 def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     """Packed sequences run the wgmma kernel on sm_90a (its TMA boxes start at each
     sequence); the mma.sync kernel's TMA ring cannot serve them, so an entry tuned with it
-    gives way to the varlen default, and a tuned wgmma entry stands, without the clusters
-    of a dense walk."""
+    gives way to the varlen default (the dense one's walk on the counter), and a tuned wgmma
+    entry stands, without the clusters of a dense walk."""
     device = H200
     packed = dataclasses.replace(problem(4096), varlen=True)
-    assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128) == (
-        dispatch.config_for(device, problem(4096)).replace(cluster_m=1))
+    packed_default = policy.default_for("sm_90a", 128).replace(dynamic_tiles=True)
+    assert dispatch.config_for(device, packed) == packed_default == (
+        dispatch.config_for(device, problem(4096)).replace(cluster_m=1, dynamic_tiles=True))
     ring = policy.mma_sync_default_for("sm_90a", 128).replace(row_sum_chains=16)
     assert ring.tma_kv_loads and not ring.wgmma
     fake_h200.put(KEY, ring)
     fake_h200.save()
     dispatch.reload_tune_cache()
     assert dispatch.config_for(device, problem(4096)) == ring
-    assert dispatch.config_for(device, packed) == policy.default_for("sm_90a", 128)
+    assert dispatch.config_for(device, packed) == packed_default
     tall = policy.default_for("sm_90a", 64)
     fake_h200.put(KEY, tall.replace(cluster_m=2))
     fake_h200.save()
@@ -456,8 +457,8 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     CTA at most ``MAX_IMBALANCE`` of the average, and draws its tiles from the counter
     (``dynamic_tiles``) where it would not (the table's hd128 causal seq 16k, one sequence);
     from seq 4k the three-warpgroup tiles and hd256 always draw from it. Packed sequences,
-    whose lengths the host does not know, take one CTA per tile with the tiles measured
-    before the persistent grid."""
+    whose lengths the host does not know, draw from it with the dense masked tile from the
+    4k bucket and run one CTA per tile below it."""
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
@@ -481,10 +482,10 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
         chosen = dispatch.config_for(H200, dataclasses.replace(causal, head_dim=head_dim))
         assert chosen == policy.default_for("sm_90a", head_dim, True, seqlen=4096)
         assert chosen.dynamic_tiles
-    for head_dim, one_cta in ((64, {"block_n": 128, "fence_p": False, "lpt": True}),
-                              (128, {"kv_stages": 3}),
-                              (256, {"lpt": True, "l2_section_mb": 16})):
+    for head_dim in (64, 128, 256):
         packed = dataclasses.replace(causal, head_dim=head_dim, varlen=True)
-        chosen = dispatch.config_for(H200, packed)
-        assert not chosen.persistent and not chosen.dynamic_tiles
-        assert chosen == chosen.replace(**one_cta)
+        assert dispatch.config_for(H200, packed) == policy.default_for(
+            "sm_90a", head_dim, True).replace(dynamic_tiles=True)
+        shorter = dispatch.config_for(H200, dataclasses.replace(packed, seqlen_q=2048))
+        assert not shorter.persistent and not shorter.dynamic_tiles
+        assert shorter.q_stages == 1

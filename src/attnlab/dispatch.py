@@ -17,7 +17,6 @@ from attnlab.policy import (
     MAX_IMBALANCE,
     SHORT_KV_SEQLEN,
     default_for,
-    one_cta_per_tile,
     paired_row_blocks,
     row_blocks_pair,
 )
@@ -102,12 +101,12 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
         return tuned
     config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,
                          bucket, short_kv)
+    if problem.varlen:
+        return config
     if config.persistent and problem.windowed:
-        if problem.varlen:
-            config = one_cta_per_tile(config, problem.head_dim, bucket)
-        elif not config.dynamic_tiles and not _balanced(config, problem, gpu):
+        if not config.dynamic_tiles and not _balanced(config, problem, gpu):
             config = config.replace(dynamic_tiles=True)
-    elif not (problem.windowed or problem.varlen or short_kv):
+    elif not (problem.windowed or short_kv):
         config = paired_row_blocks(config, problem.head_dim, problem.seqlen_q)
     return config
 

@@ -198,14 +198,7 @@ _SHORT_MASKED_TILES: dict[int, dict[str, object]] = {
 #: A persistent masked tile whose CTAs' static walk would leave them unbalanced (the busiest
 #: over ``MAX_IMBALANCE`` times the average; measured: hd128 causal seq 16k 0.69x and hd256
 #: causal 8k-16k 0.59-0.70x the better peer where the walk predicts 1.54-1.80) draws its
-#: tiles from the counter instead (``dispatch``). Packed sequences under a mask run one CTA
-#: per tile, the tiles measured before the persistent grid (hd32/64 B_c 128, hd128 three K/V
-#: stages; the others their own): the counter has not been measured on them.
-_ONE_CTA_MASKED_TILES: dict[int, dict[str, object]] = {
-    32: {"block_n": 128, "fence_p": False},
-    64: {"block_n": 128, "fence_p": False},
-    128: {"block_n": 128, "kv_stages": 3},
-}
+#: tiles from the counter instead (``dispatch``).
 #: Masked hd128 from ``VERY_LONG_MASKED_SEQLEN`` queries: FA4's grid, one CTA per tile in the
 #: longest-first order over 16 MiB L2 sections (thirty-fifth session, H200, bf16, causal, 16k
 #: tokens, end to end (device only), against the persistent static walk the dispatcher would
@@ -251,9 +244,23 @@ MID_MASKED_SEQLEN = 2048
 _LAZY_MASKED_HEAD_DIMS = (64, 128)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
-#: Packed sequences keep the rule measured before (one CTA per tile below 4k: the long masked
-#: tiles were not measured on them from 2k).
+#: Packed sequences keep the rule measured before below 4k masked (one CTA per tile: the long
+#: masked tiles were not measured on them from 2k).
 LONG_MASKED_PACKED_SEQLEN = 4096
+#: Packed sequences on a persistent walk draw their tiles from the counter (``dynamic_tiles``):
+#: the host does not know the sequences' lengths, so the static snake deals each CTA tiles of
+#: unknown length, many of them empty (a row block past its sequence's end). Fiftieth
+#: session, H100, the Hopper table's ragged batch (16 sequences of 256-4096 tokens, 16 heads),
+#: end to end (device only), default -> counter: plain bf16 hd64 365 (392) -> 490 (530),
+#: hd128 579 (647) -> 608 (685) and 578 (570) -> 607 (599), hd256 624 (691) -> 645 (719); fp16
+#: hd64 346 (381) -> 477 (519), hd128 544 (611) -> 576 (653) and 533 (546) -> 575 (581), hd256
+#: 600 (676) -> 625 (703). Causal (from the 4k bucket), against one CTA per tile (which they
+#: ran: hd64 B_c 128, hd128 three K/V stages): the dense masked tile on the counter, bf16
+#: hd64 328 (358) -> 384 (418), hd128 510 (581) -> 518 (586) and 502 (538) -> 510 (546),
+#: hd256 554 (647) -> 568 (663); fp16 hd64 345 (368) -> 377 (408), hd128 492 (564) -> 496
+#: (566) and 495 (562) -> 502 (565), hd256 533 (590) -> 548 (614). hd32/96 (the tiles and
+#: walks of hd64) take it unmeasured; hd192 has no persistent walk.
+_PACKED_WALK = {"dynamic_tiles": True}
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
 #: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
@@ -299,7 +306,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     have it); unmasked from ``LONG_PLAIN_SEQLEN`` (or ``seqlen`` None), ``_LONG_PLAIN_TILES``
     (hd64 with one Q buffer);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
-    block); otherwise
+    block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
+    counter (``_PACKED_WALK``), or run one CTA per tile where masked and short; otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
@@ -307,7 +315,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         limit = LONG_MASKED_PACKED_SEQLEN if varlen else LONG_MASKED_SEQLEN
         short = windowed and seqlen is not None and seqlen < limit
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
-            return HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
+            config = HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
+            return _packed(config, short) if varlen else config
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
         dense_masked = windowed and not varlen and seqlen is not None
         if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
@@ -323,7 +332,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
             config = config.replace(**_LONG_PLAIN_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
-        return config
+        return _packed(config, short) if varlen else config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 
@@ -345,15 +354,15 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
     return -(-seqlen_q // config.block_m) % 2 == 0
 
 
-def one_cta_per_tile(config: FlashConfig, head_dim: int, seqlen: int | None) -> FlashConfig:
-    """A persistent masked default (``default_for`` at ``head_dim`` and query length
-    ``seqlen``) on one CTA per tile, for packed sequences: the hardware hands each tile to
-    whichever CTA finishes first, where a fixed walk over tiles whose lengths the host does
-    not know could leave some CTAs with far more work than others."""
-    one_cta = config.replace(**ONE_CTA)
-    if seqlen is not None and seqlen < LONG_MASKED_PACKED_SEQLEN:
-        return one_cta
-    return one_cta.replace(**_ONE_CTA_MASKED_TILES.get(head_dim, {}))
+def _packed(config: FlashConfig, short_masked: bool) -> FlashConfig:
+    """The sm_90a default ``config`` of a dense problem, for packed sequences: a persistent
+    walk on the counter (``_PACKED_WALK``), or one CTA per tile for the short masked ones;
+    either way the hardware or the counter hands each tile to whichever CTA is free, where a
+    fixed walk over tiles whose lengths the host does not know leaves some CTAs far more
+    work than others."""
+    if not config.persistent:
+        return config
+    return config.replace(**(ONE_CTA if short_masked else _PACKED_WALK))
 
 
 def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
