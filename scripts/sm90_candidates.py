@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnlab import kernel_cache
 from attnlab.bench.baselines import available_peers
-from attnlab.bench.ragged import RaggedBatch
+from attnlab.bench.ragged import RAGGED_SEQLENS, RaggedBatch
 from attnlab.bench.report import one_line
 from attnlab.bench.runner import Point, attnlab_impl, measure_point
 from attnlab.config import L2_SECTION_MB, MAX_L2_SECTION_MB, ConfigError, FlashConfig
@@ -245,6 +245,8 @@ def main() -> None:
     parser.add_argument("--varlen", action="store_true",
                         help="time the Hopper table's ragged batch (bench.ragged) at each head "
                              "dim, mask and dtype instead of dense points")
+    parser.add_argument("--varlen-divide", type=int, default=1,
+                        help="with --varlen, every sequence's length divided by this")
     args = parser.parse_args()
     names = None if args.variants is None else set(args.variants.split(","))
     unknown = (names or set()) - {name for per_dim in VARIANTS.values() for name in per_dim}
@@ -262,7 +264,8 @@ def main() -> None:
                      causal)
 
     if args.varlen:
-        rows = [varlen_row(hd, causal, dtype, names, args.runs)
+        seqlens = tuple(n // args.varlen_divide for n in RAGGED_SEQLENS)
+        rows = [varlen_row(hd, causal, dtype, names, args.runs, seqlens)
                 for dtype in dtypes for hd in head_dims for causal in masks]
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sm90_candidates.json").write_text(json.dumps(rows, indent=1))
@@ -290,9 +293,9 @@ def main() -> None:
 
 
 def varlen_row(head_dim: int, causal: bool, dtype: str, names: set[str] | None,
-               runs: int) -> dict:
+               runs: int, seqlens: tuple[int, ...] = RAGGED_SEQLENS) -> dict:
     """The ragged batch's default and its variants against FA4, one row."""
-    batch = RaggedBatch(head_dim, dtype)
+    batch = RaggedBatch(head_dim, dtype, seqlens)
     configs = varlen_candidates(head_dim, causal, batch.default_config(causal), names)
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", dtype, head_dim, causal, varlen=True,
                                    with_lse=False)

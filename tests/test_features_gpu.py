@@ -577,7 +577,7 @@ def test_interleave_softmax(head_dim, changes, window):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("knobs", [{}, {"block_n": 64, "kv_stages": 4},
-                                   {"block_n": 192, "kv_stages": 2},
+                                   {"block_n": 192, "kv_stages": 2, "q_stages": 1},
                                    {"block_m": 64, "num_warps": 4, "pingpong": False},
                                    {"fused_softmax": False},
                                    {"intra_wg_overlap": True, "block_n": 128},
