@@ -458,7 +458,7 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     (``dynamic_tiles``) where it would not (the table's hd128 causal seq 16k, one sequence);
     from seq 4k the three-warpgroup tiles and hd256 always draw from it. Packed sequences,
     whose lengths the host does not know, draw from it with the dense masked tile from the
-    4k bucket and run one CTA per tile below it."""
+    4k bucket and with the short one below it (hd256 there: one CTA per tile)."""
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
@@ -487,5 +487,5 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
         assert dispatch.config_for(H200, packed) == policy.default_for(
             "sm_90a", head_dim, True).replace(dynamic_tiles=True)
         shorter = dispatch.config_for(H200, dataclasses.replace(packed, seqlen_q=2048))
-        assert not shorter.persistent and not shorter.dynamic_tiles
+        assert shorter.persistent == shorter.dynamic_tiles == (head_dim != 256)
         assert shorter.q_stages == 1

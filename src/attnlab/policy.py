@@ -259,8 +259,18 @@ LONG_MASKED_PACKED_SEQLEN = 4096
 #: hd64 328 (358) -> 384 (418), hd128 510 (581) -> 518 (586) and 502 (538) -> 510 (546),
 #: hd256 554 (647) -> 568 (663); fp16 hd64 345 (368) -> 377 (408), hd128 492 (564) -> 496
 #: (566) and 495 (562) -> 502 (565), hd256 533 (590) -> 548 (614). hd32/96 (the tiles and
-#: walks of hd64) take it unmeasured; hd192 has no persistent walk.
+#: walks of hd64) take it unmeasured; hd192 has no persistent walk. Masked below the 4k
+#: bucket (the same batch's lengths halved, 128-2048 tokens, bf16 (fp16)), the short tile on
+#: the counter with one Q buffer, against one CTA per tile: hd32 164 (164) -> 177 (176), fp16
+#: 164 (167) -> 178 (181); hd64 279 (281) -> 309 (310) and 280 (282) -> 310 (311), fp16 279
+#: (281) -> 301 (304); hd96 370 (380) -> 383 (393), fp16 360 (376) -> 375 (387); hd128 417
+#: (452) -> 435 (468) and 418 (455) -> 435 (470), fp16 426 (448) -> 437 (458); not hd256: 487
+#: (541) -> 478 (530) and 485 (542) -> 476 (530), fp16 463 (522) -> 450 (515). Plain at those
+#: lengths the counter against one CTA per tile: hd64 436 (455) against 402 (424), hd128 564
+#: (619) against 528 (595), hd256 613 (683) against 619 (683).
 _PACKED_WALK = {"dynamic_tiles": True}
+_PACKED_SHORT_MASKED_WALK = {"dynamic_tiles": True, "q_stages": 1}
+_PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
 #: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
@@ -307,7 +317,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     (hd64 with one Q buffer);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
-    counter (``_PACKED_WALK``), or run one CTA per tile where masked and short; otherwise
+    counter (``_PACKED_WALK``), masked and short with one Q buffer (at hd256 one CTA per
+    tile); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
@@ -316,7 +327,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         short = windowed and seqlen is not None and seqlen < limit
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             config = HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
-            return _packed(config, short) if varlen else config
+            return _packed(config, head_dim, short) if varlen else config
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
         dense_masked = windowed and not varlen and seqlen is not None
         if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
@@ -332,7 +343,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
             config = config.replace(**_LONG_PLAIN_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
-        return _packed(config, short) if varlen else config
+        return _packed(config, head_dim, short) if varlen else config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 
@@ -354,15 +365,19 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
     return -(-seqlen_q // config.block_m) % 2 == 0
 
 
-def _packed(config: FlashConfig, short_masked: bool) -> FlashConfig:
+def _packed(config: FlashConfig, head_dim: int, short_masked: bool) -> FlashConfig:
     """The sm_90a default ``config`` of a dense problem, for packed sequences: a persistent
-    walk on the counter (``_PACKED_WALK``), or one CTA per tile for the short masked ones;
-    either way the hardware or the counter hands each tile to whichever CTA is free, where a
-    fixed walk over tiles whose lengths the host does not know leaves some CTAs far more
-    work than others."""
+    walk on the counter (``_PACKED_WALK``; short masked ones with one Q buffer, at hd256 one
+    CTA per tile); either way the counter or the hardware hands each tile to whichever CTA
+    is free, where a fixed walk over tiles whose lengths the host does not know leaves some
+    CTAs far more work than others."""
     if not config.persistent:
         return config
-    return config.replace(**(ONE_CTA if short_masked else _PACKED_WALK))
+    if not short_masked:
+        return config.replace(**_PACKED_WALK)
+    if head_dim in _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS:
+        return config.replace(**ONE_CTA)
+    return config.replace(**_PACKED_SHORT_MASKED_WALK)
 
 
 def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
