@@ -17,6 +17,7 @@ from attnlab.policy import (
     MAX_IMBALANCE,
     SHORT_KV_SEQLEN,
     default_for,
+    packed_walk,
     paired_row_blocks,
     row_blocks_pair,
 )
@@ -94,9 +95,13 @@ def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> F
     # the wgmma kernel's boxes start at each sequence): such an entry gives way to the
     # varlen default.
     if tuned is not None and not (problem.varlen and tuned.tma_kv_loads and not tuned.wgmma):
-        # The plain entry serves packed sequences too, whose row blocks no cluster shares, and
-        # every length of its bucket, whose row blocks may not pair.
-        if problem.varlen or not row_blocks_pair(tuned, problem.seqlen_q):
+        # The plain entry serves packed sequences too, whose row blocks no cluster shares and
+        # whose tiles the host cannot weigh, and every length of its bucket, whose row blocks
+        # may not pair.
+        if problem.varlen:
+            return packed_walk(tuned.replace(cluster_m=1), problem.head_dim, problem.windowed,
+                               bucket)
+        if not row_blocks_pair(tuned, problem.seqlen_q):
             return tuned.replace(cluster_m=1)
         return tuned
     config = default_for(gpu.arch, problem.head_dim, problem.windowed, dtype, problem.varlen,

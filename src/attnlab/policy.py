@@ -317,8 +317,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     (hd64 with one Q buffer);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
-    counter (``_PACKED_WALK``), masked and short with one Q buffer (at hd256 one CTA per
-    tile); otherwise
+    counter (``packed_walk``); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
@@ -327,7 +326,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         short = windowed and seqlen is not None and seqlen < limit
         if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
             config = HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
-            return _packed(config, head_dim, short) if varlen else config
+            return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
         config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
         dense_masked = windowed and not varlen and seqlen is not None
         if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
@@ -343,7 +342,7 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
             config = config.replace(**_LONG_PLAIN_TILES[head_dim])
         if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
             config = config.replace(**_SHORT_KV_TILE)
-        return _packed(config, head_dim, short) if varlen else config
+        return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
 
 
@@ -365,15 +364,17 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
     return -(-seqlen_q // config.block_m) % 2 == 0
 
 
-def _packed(config: FlashConfig, head_dim: int, short_masked: bool) -> FlashConfig:
-    """The sm_90a default ``config`` of a dense problem, for packed sequences: a persistent
-    walk on the counter (``_PACKED_WALK``; short masked ones with one Q buffer, at hd256 one
-    CTA per tile); either way the counter or the hardware hands each tile to whichever CTA
-    is free, where a fixed walk over tiles whose lengths the host does not know leaves some
-    CTAs far more work than others."""
-    if not config.persistent:
+def packed_walk(config: FlashConfig, head_dim: int, windowed: bool,
+                seqlen: int | None) -> FlashConfig:
+    """An sm_90a ``config`` chosen for dense problems (the default or a tuned entry), for
+    packed sequences whose longest has ``seqlen`` queries: a persistent walk on the counter
+    (``_PACKED_WALK``; masked below ``LONG_MASKED_PACKED_SEQLEN`` with one Q buffer, at hd256
+    one CTA per tile); either way the counter or the hardware hands each tile to whichever
+    CTA is free, where a fixed walk over tiles whose lengths the host does not know leaves
+    some CTAs far more work than others. The ``mma.sync`` kernel's grid stays as it is."""
+    if not (config.wgmma and config.persistent):
         return config
-    if not short_masked:
+    if not (windowed and seqlen is not None and seqlen < LONG_MASKED_PACKED_SEQLEN):
         return config.replace(**_PACKED_WALK)
     if head_dim in _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS:
         return config.replace(**ONE_CTA)
