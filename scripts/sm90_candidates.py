@@ -3,12 +3,15 @@ is chosen from).
 
 Usage (GPU): python scripts/sm90_candidates.py [--head-dims 64,128,192,256]
 [--masks plain,causal] [--seqlen 4096[,8192,...]] [--dtypes bfloat16[,float16]]
-[--tokens 16384] [--variants NAME,...] [--out DIR]
+[--tokens 16384] [--variants NAME,...] [--varlen [--varlen-divide N]] [--out DIR]
 For each head dim, mask, length and dtype (by default plain and causal, bf16, batch 4 x 16
 heads x seq 4k), it times the wgmma kernel's default and each variant of it (``VARIANTS``;
 earlier sweeps' tiles are in their results' ``configs``) next to SDPA flash, cuDNN and FA4:
 TFLOP/s end to end and device only. The candidates are compiled into the kernel cache in
-parallel first. The table goes to stdout, the numbers to OUT/sm90_candidates.json.
+parallel first. The table goes to stdout, the numbers to OUT/sm90_candidates.json. With
+``--varlen`` the points are the Hopper table's ragged batch (``bench.ragged``; lengths divided
+by N) at each head dim, mask and dtype: the packed default and its grid variants (or the named
+ones) against FA4, each variant's output checked against the default's.
 """
 
 from __future__ import annotations
