@@ -244,30 +244,29 @@ MID_MASKED_SEQLEN = 2048
 _LAZY_MASKED_HEAD_DIMS = (64, 128)
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
-#: Packed sequences keep the rule measured before below 4k masked (one CTA per tile: the long
-#: masked tiles were not measured on them from 2k).
+#: Masked packed sequences below this (longest) query length run the short masked tiles: the
+#: long ones were not measured on them from 2k.
 LONG_MASKED_PACKED_SEQLEN = 4096
-#: Packed sequences on a persistent walk draw their tiles from the counter (``dynamic_tiles``):
-#: the host does not know the sequences' lengths, so the static snake deals each CTA tiles of
-#: unknown length, many of them empty (a row block past its sequence's end). Fiftieth
-#: session, H100, the Hopper table's ragged batch (16 sequences of 256-4096 tokens, 16 heads),
-#: end to end (device only), default -> counter: plain bf16 hd64 365 (392) -> 490 (530),
-#: hd128 579 (647) -> 608 (685) and 578 (570) -> 607 (599), hd256 624 (691) -> 645 (719); fp16
-#: hd64 346 (381) -> 477 (519), hd128 544 (611) -> 576 (653) and 533 (546) -> 575 (581), hd256
-#: 600 (676) -> 625 (703). Causal (from the 4k bucket), against one CTA per tile (which they
-#: ran: hd64 B_c 128, hd128 three K/V stages): the dense masked tile on the counter, bf16
-#: hd64 328 (358) -> 384 (418), hd128 510 (581) -> 518 (586) and 502 (538) -> 510 (546),
-#: hd256 554 (647) -> 568 (663); fp16 hd64 345 (368) -> 377 (408), hd128 492 (564) -> 496
-#: (566) and 495 (562) -> 502 (565), hd256 533 (590) -> 548 (614). hd32/96 (the tiles and
-#: walks of hd64) take it unmeasured; hd192 has no persistent walk. Masked below the 4k
-#: bucket (the same batch's lengths halved, 128-2048 tokens, bf16 (fp16)), the short tile on
-#: the counter with one Q buffer, against one CTA per tile: hd32 164 (164) -> 177 (176), fp16
-#: 164 (167) -> 178 (181); hd64 279 (281) -> 309 (310) and 280 (282) -> 310 (311), fp16 279
-#: (281) -> 301 (304); hd96 370 (380) -> 383 (393), fp16 360 (376) -> 375 (387); hd128 417
-#: (452) -> 435 (468) and 418 (455) -> 435 (470), fp16 426 (448) -> 437 (458); not hd256: 487
-#: (541) -> 478 (530) and 485 (542) -> 476 (530), fp16 463 (522) -> 450 (515). Plain at those
-#: lengths the counter against one CTA per tile: hd64 436 (455) against 402 (424), hd128 564
-#: (619) against 528 (595), hd256 613 (683) against 619 (683).
+#: Packed sequences on a persistent walk draw their tiles from the counter (``dynamic_tiles``): the
+#: host does not know the sequences' lengths, so the static snake deals each CTA tiles of unknown
+#: length, many of them empty (a row block past its sequence's end). Fiftieth session, H100, the
+#: Hopper table's ragged batch (16 sequences of 256-4096 tokens, 16 heads), end to end (device
+#: only), default -> counter: plain bf16 hd64 365 (392) -> 490 (530), hd128 579 (647) -> 608 (685)
+#: and 578 (570) -> 607 (599), hd256 624 (691) -> 645 (719); fp16 hd64 346 (381) -> 477 (519), hd128
+#: 544 (611) -> 576 (653) and 533 (546) -> 575 (581), hd256 600 (676) -> 625 (703). Causal (from the
+#: 4k bucket), against one CTA per tile (which they ran: hd64 B_c 128, hd128 three K/V stages): the
+#: dense masked tile on the counter, bf16 hd64 328 (358) -> 384 (418), hd128 510 (581) -> 518 (586)
+#: and 502 (538) -> 510 (546), hd256 554 (647) -> 568 (663); fp16 hd64 345 (368) -> 377 (408), hd128
+#: 492 (564) -> 496 (566) and 495 (562) -> 502 (565), hd256 533 (590) -> 548 (614). From that bucket
+#: hd32/96 (the tiles and walks of hd64) take it unmeasured; hd192 has no persistent walk. Masked
+#: below the 4k bucket (the same batch's lengths halved, 128-2048 tokens, bf16 (fp16)), the short
+#: tile on the counter with one Q buffer, against one CTA per tile: hd32 164 (164) -> 177 (176),
+#: fp16 164 (167) -> 178 (181); hd64 279 (281) -> 309 (310) and 280 (282) -> 310 (311), fp16 279
+#: (281) -> 301 (304); hd96 370 (380) -> 383 (393), fp16 360 (376) -> 375 (387); hd128 417 (452) ->
+#: 435 (468) and 418 (455) -> 435 (470), fp16 426 (448) -> 437 (458); not hd256: 487 (541) -> 478
+#: (530) and 485 (542) -> 476 (530), fp16 463 (522) -> 450 (515). Plain at those lengths the counter
+#: against one CTA per tile: hd64 436 (455) against 402 (424), hd128 564 (619) against 528 (595),
+#: hd256 613 (683) against 619 (683).
 _PACKED_WALK = {"dynamic_tiles": True}
 _PACKED_SHORT_MASKED_WALK = {"dynamic_tiles": True, "q_stages": 1}
 _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
