@@ -258,15 +258,15 @@ LONG_MASKED_PACKED_SEQLEN = 4096
 #: dense masked tile on the counter, bf16 hd64 328 (358) -> 384 (418), hd128 510 (581) -> 518 (586)
 #: and 502 (538) -> 510 (546), hd256 554 (647) -> 568 (663); fp16 hd64 345 (368) -> 377 (408), hd128
 #: 492 (564) -> 496 (566) and 495 (562) -> 502 (565), hd256 533 (590) -> 548 (614). From that bucket
-#: hd32/96 (the tiles and walks of hd64) take it unmeasured; hd192 has no persistent walk. Masked
-#: below the 4k bucket (the same batch's lengths halved, 128-2048 tokens, bf16 (fp16)), the short
-#: tile on the counter with one Q buffer, against one CTA per tile: hd32 164 (164) -> 177 (176),
-#: fp16 164 (167) -> 178 (181); hd64 279 (281) -> 309 (310) and 280 (282) -> 310 (311), fp16 279
-#: (281) -> 301 (304); hd96 370 (380) -> 383 (393), fp16 360 (376) -> 375 (387); hd128 417 (452) ->
-#: 435 (468) and 418 (455) -> 435 (470), fp16 426 (448) -> 437 (458); not hd256: 487 (541) -> 478
-#: (530) and 485 (542) -> 476 (530), fp16 463 (522) -> 450 (515). Plain at those lengths the counter
-#: against one CTA per tile: hd64 436 (455) against 402 (424), hd128 564 (619) against 528 (595),
-#: hd256 613 (683) against 619 (683).
+#: hd32/96 (the tiles and walks of hd64) and hd192 plain take it unmeasured (hd192 masked has no
+#: persistent walk). Masked below the 4k bucket (the same batch's lengths halved, 128-2048 tokens,
+#: bf16 (fp16)), the short tile on the counter with one Q buffer, against one CTA per tile: hd32 164
+#: (164) -> 177 (176), fp16 164 (167) -> 178 (181); hd64 279 (281) -> 309 (310) and 280 (282) -> 310
+#: (311), fp16 279 (281) -> 301 (304); hd96 370 (380) -> 383 (393), fp16 360 (376) -> 375 (387);
+#: hd128 417 (452) -> 435 (468) and 418 (455) -> 435 (470), fp16 426 (448) -> 437 (458); not hd256:
+#: 487 (541) -> 478 (530) and 485 (542) -> 476 (530), fp16 463 (522) -> 450 (515). Plain at those
+#: lengths the counter against one CTA per tile: hd64 436 (455) against 402 (424), hd128 564 (619)
+#: against 528 (595), hd256 613 (683) against 619 (683).
 _PACKED_WALK = {"dynamic_tiles": True}
 _PACKED_SHORT_MASKED_WALK = {"dynamic_tiles": True, "q_stages": 1}
 _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
