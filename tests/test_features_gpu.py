@@ -216,15 +216,19 @@ def test_varlen_ragged(window, dtype):
     check_varlen(window, dtype)
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 192, 256])
+@pytest.mark.parametrize("seqlen", [None, 1024], ids=["long", "short"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)], ids=["full", "causal", "win"])
-def test_varlen_wgmma(head_dim, window):
+def test_varlen_wgmma(head_dim, seqlen, window):
     """Packed sequences on the wgmma kernel: TMA boxes that start mid-tensor and read into the
     next sequence (its keys masked, its rows never stored), empty sequences, three consumer
-    warpgroups (hd32/64 unmasked)."""
+    warpgroups (hd32/64/96 unmasked); the default of each bucket of the longest sequence
+    (``policy.packed_walk``: tiles drawn from the counter, the short masked ones with one Q
+    buffer or, at hd256, one CTA per tile)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90a")
-    config = policy.default_for("sm_90a", head_dim, window != (-1, -1), varlen=True)
+    config = policy.default_for("sm_90a", head_dim, window != (-1, -1), varlen=True,
+                                seqlen=seqlen)
     assert config.wgmma
     check_varlen(window, torch.bfloat16, config, head_dim)
 
