@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab import kernel_cache
@@ -196,23 +197,25 @@ def candidates(head_dim: int, causal: bool, seqlen: int,
     default = default_for("sm_90a", head_dim, causal, seqlen=seqlen_bucket(seqlen))
     if not causal:
         default = paired_row_blocks(default, head_dim, seqlen)
-    chosen = {name: _variant(default, knobs, head_dim)
-              for name, knobs in VARIANTS[head_dim].items()
-              if name == "default" or (not (causal and name in PLAIN_ONLY)
-                                       and (name in names if names is not None
-                                            else causal or name not in MASKED_ONLY))}
-    return {name: cfg for name, cfg in chosen.items()
-            if name == "default" or (cfg is not None and cfg != default)}
+    return _variants_of(default, head_dim, causal, names,
+                        lambda name: causal or name not in MASKED_ONLY)
 
 
 def varlen_candidates(head_dim: int, causal: bool, default: FlashConfig,
                       names: set[str] | None = None) -> dict[str, FlashConfig]:
     """The grid variants (``_GRIDS``) and the named ones of the ragged batch's ``default``
     (what ``attention_varlen`` picks), those that build and differ from it."""
+    return _variants_of(default, head_dim, causal, names, lambda name: name in _GRIDS)
+
+
+def _variants_of(default: FlashConfig, head_dim: int, causal: bool, names: set[str] | None,
+                 unnamed: Callable[[str], bool]) -> dict[str, FlashConfig]:
+    """``default`` and its variants: the ``names`` (without names, those ``unnamed`` keeps),
+    never an unmasked-only one under a mask, only those that build and differ from it."""
     chosen = {name: _variant(default, knobs, head_dim)
               for name, knobs in VARIANTS[head_dim].items()
               if name != "default" and not (causal and name in PLAIN_ONLY)
-              and (name in names if names is not None else name in _GRIDS)}
+              and (name in names if names is not None else unnamed(name))}
     return {"default": default, **{name: cfg for name, cfg in chosen.items()
                                    if cfg is not None and cfg != default}}
 
