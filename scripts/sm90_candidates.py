@@ -269,6 +269,8 @@ def main() -> None:
         return Point(args.tokens // seqlen, seqlen, seqlen, 2048 // head_dim, head_dim, dtype,
                      causal)
 
+    if args.varlen_divide < 1 or (args.varlen_divide > 1 and not args.varlen):
+        parser.error("--varlen-divide takes an integer >= 1, with --varlen")
     if args.varlen:
         seqlens = tuple(n // args.varlen_divide for n in RAGGED_SEQLENS)
         rows = [varlen_row(hd, causal, dtype, names, args.runs, seqlens)
