@@ -4,6 +4,7 @@ the dispatch that reads it."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections import Counter
 
@@ -233,6 +234,27 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     dispatch.reload_tune_cache()
     assert dispatch.config_for(device, packed) == tall.replace(dynamic_tiles=True)
     assert dispatch.config_for(device, problem(4096)) == tall.replace(cluster_m=2)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_warm_covers_every_default_the_dispatch_picks(fake_h200, monkeypatch, arch):
+    """``attnlab cache --warm`` (``policy.default_specs``) compiles the kernel a call runs
+    without a tuned entry at every head dim, dtype, mask and query length (each bucket's
+    walk, a short K/V walk), packed or dense (a dense masked grid the static walk leaves
+    unbalanced, which ``dispatch`` moves to the counter, excepted)."""
+    monkeypatch.setattr(device, "info", lambda which=None: dataclasses.replace(H200, arch=arch))
+    warmed = {(s.config, s.dtype, s.head_dim, s.windowed, s.varlen)
+              for s in policy.default_specs(arch)}
+    for head_dim, dtype, window, seqlen_q, seqlen_k, varlen in itertools.product(
+            (32, 64, 96, 128, 192, 256), (torch.bfloat16, torch.float16), ((-1, -1), (-1, 0)),
+            (300, 1024, 2048, 4096, 8192, 16384), (77, 16384), (False, True)):
+        call = dataclasses.replace(problem(seqlen_q), varlen=varlen, head_dim=head_dim,
+                                   dtype=dtype, window=window, seqlen_k=seqlen_k)
+        chosen = dispatch.config_for(device.info(), call)
+        if call.windowed and not varlen and chosen.dynamic_tiles:
+            chosen = policy.default_for(arch, head_dim, True, call.dtype_name, False,
+                                        seqlen_bucket(seqlen_q))
+        assert (chosen, call.dtype_name, head_dim, call.windowed, varlen) in warmed, call
 
 
 def test_a_tuned_cluster_entry_pairs_only_row_blocks_that_pair_up(fake_h200):

@@ -8,6 +8,8 @@ in ``docs/ladder.md`` that measured it.
 
 from __future__ import annotations
 
+import itertools
+
 from attnlab.backward_config import backward_head_dims, default_backward
 from attnlab.config import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, ConfigError, FlashConfig
 from attnlab.kernels.abi import (
@@ -401,25 +403,23 @@ def mma_sync_default_for(arch: str, head_dim: int = 128, windowed: bool = False,
 
 def default_specs(arch: str) -> list[ForwardSpec]:
     """The kernels ``attention()`` runs on ``arch`` without a tuned entry: every supported head
-    dim, both dtypes, plain and masked (short, 2k, long and very long queries), with and
-    without the LSE, dense batches (a ``static_strides`` default with the strides of
-    contiguous tensors of ``abi.CANONICAL_HEADS`` heads), plain ones also with their row
-    blocks paired (``paired_row_blocks``). What ``attnlab cache --warm`` compiles."""
+    dim, both dtypes, plain and masked, each bucket of query lengths the dispatch looks the
+    default up by (``tune.cache.SEQLEN_BUCKETS``), with and without a short K/V walk and the
+    LSE, dense batches and packed sequences (a ``static_strides`` default with the strides of
+    contiguous tensors of ``abi.CANONICAL_HEADS`` heads), dense plain ones also with their
+    row blocks paired (``paired_row_blocks``). What ``attnlab cache --warm`` compiles."""
+    from attnlab.tune.cache import SEQLEN_BUCKETS
+
     specs = []
-    for head_dim in SUPPORTED_HEAD_DIMS:
-        for dtype in SUPPORTED_DTYPES:
-            for windowed, seqlen, short_kv in ((False, None, False), (True, None, False),
-                                               (True, 1, False),
-                                               (True, MID_MASKED_SEQLEN, False),
-                                               (True, VERY_LONG_MASKED_SEQLEN, False),
-                                               (False, None, True)):
-                config = default_for(arch, head_dim, windowed, dtype, seqlen=seqlen,
-                                     short_kv=short_kv)
-                configs = [config]
-                if not (windowed or short_kv):
-                    configs.append(paired_row_blocks(config, head_dim, 2 * config.block_m))
-                specs += [ForwardSpec(c, arch, dtype, head_dim, windowed, with_lse=with_lse)
-                          for c in configs for with_lse in (False, True)]
+    for head_dim, dtype, windowed, varlen, seqlen, short_kv in itertools.product(
+            SUPPORTED_HEAD_DIMS, SUPPORTED_DTYPES, (False, True), (False, True),
+            SEQLEN_BUCKETS, (False, True)):
+        config = default_for(arch, head_dim, windowed, dtype, varlen, seqlen, short_kv)
+        configs = [config]
+        if not (windowed or short_kv or varlen):
+            configs.append(paired_row_blocks(config, head_dim, 2 * config.block_m))
+        specs += [ForwardSpec(c, arch, dtype, head_dim, windowed, varlen, with_lse)
+                  for c in configs for with_lse in (False, True)]
     return list(dict.fromkeys(specs))
 
 
