@@ -16,8 +16,9 @@ def cache(
     show: bool = typer.Option(False, help="List the compiled kernels on disk."),
     clear: bool = typer.Option(False, help="Delete every compiled kernel on disk."),
     warm: bool = typer.Option(False, help="Compile this GPU's default kernels (every head dim, "
-                              "mask and dtype, with and without the LSE; the backward's; on "
-                              "sm_90a the GEMM dispatch's) into the cache."),
+                              "mask, dtype and query-length bucket, dense and packed, with and "
+                              "without the LSE; the backward's; on sm_90a the GEMM "
+                              "dispatch's) into the cache."),
     arch: str = typer.Option(None, help="Target of --warm (default: this GPU's), e.g. sm_90a: "
                              "warming needs no GPU."),
     jobs: int = typer.Option(0, help="Compile processes for --warm (0: up to 8, one per CPU)."),
