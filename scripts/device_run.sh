@@ -54,6 +54,10 @@
 #            int8_matmul, their peers and the calls' parts)
 #   sm80path the sm80 path of this GPU (mma.sync forward + backward, mma_sync_backward_for)
 #            against FA2, cuDNN and FA4, bf16 and fp16, beside the backward in the other GEMM order
+#   window ARGS  the masked GPU tests (sliding windows and causal, the long bands among them),
+#            then scripts/window_candidates.py ARGS: sliding windows at 8k/16k queries, the
+#            default each query-length bucket gives against FA4 (e.g. --head-dims 128,256
+#            --dtypes bfloat16,float16)
 #   deccand ARGS  the decoding GPU tests, then scripts/decode_candidates.py ARGS (e.g. --tma:
 #            K/V by TMA boxes against the row gathers; --paged, --combine, --merge)
 #   dechost  where a decoding call's host time goes (scripts/decode_host.py: the call, SDPA
@@ -271,6 +275,13 @@ sm__cycles_active.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sust
     ;;
   gemmhost)
     python3 scripts/gemm_host.py --out "$OUT/gemmhost" 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
+  window)
+    attnlab cache --warm --jobs 16
+    python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_features_gpu.py \
+      -k "sliding or causal" 2>&1 | tee -a "$log" | tail -5
+    python3 scripts/window_candidates.py --out "$OUT/window" "${@:2}" 2>&1 \
+      | grep -v "Warning\|exe_args" | tee -a "$log"
     ;;
   deccand)
     python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_decode_gpu.py 2>&1 \

@@ -178,6 +178,17 @@ def test_sliding_window(shape, window):
     check_dense(*dense_inputs(*shape, torch.bfloat16, seed=sum(shape)), window=window)
 
 
+@pytest.mark.parametrize("window", [(512, 512), (1024, 0)])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_long_sliding_band(head_dim, window):
+    """A band at most half as wide as 8k queries runs the default its head dim looks up for
+    bands (``policy.masked_lookup_seqlen``: hd128 the persistent walk of 4k, hd256 the short
+    masked tile), every tile's walk starting and ending at a band edge."""
+    assert policy.masked_lookup_seqlen(head_dim, 8192, window) < 8192
+    check_dense(*dense_inputs(1, 8192, 8192, 2, 2, head_dim, torch.bfloat16, seed=head_dim),
+                window=window)
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("heads_kv", [4, 1], ids=["gqa-4to1", "mqa"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0)], ids=["full", "causal"])

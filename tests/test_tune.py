@@ -257,6 +257,30 @@ def test_warm_covers_every_default_the_dispatch_picks(fake_h200, monkeypatch, ar
         assert (chosen, call.dtype_name, head_dim, call.windowed, varlen) in warmed, call
 
 
+def test_a_sliding_band_looks_its_default_up_by_its_head_dims_length(fake_h200):
+    """A dense window at most half as wide as the queries takes, at hd128, the masked default
+    of 4k queries (a persistent walk, not one CTA a tile) and, at hd256, the short masked tile;
+    causal masks, wider windows, one-sided ones, hd64 and packed sequences keep their own."""
+    assert policy.masked_lookup_seqlen(128, 16384, (1024, 0)) == 4096
+    assert policy.masked_lookup_seqlen(128, 16384, (512, 512)) == 4096
+    assert policy.masked_lookup_seqlen(128, 2048, (512, 0)) == 2048
+    assert policy.masked_lookup_seqlen(256, 8192, (2048, 0)) == 1
+    for head_dim, window in ((128, (-1, 0)), (128, (8192, 0)), (128, (512, -1)),
+                             (64, (512, 512)), (96, (1024, 0))):
+        assert policy.masked_lookup_seqlen(head_dim, 16384, window) == 16384, window
+    band = dataclasses.replace(problem(16384), batch=1, window=(1024, 0))
+    causal = dataclasses.replace(band, window=(-1, 0))
+    chosen = dispatch.config_for(H200, band)
+    assert chosen == dispatch.choose(H200, band, 4096, False)
+    assert chosen.persistent and chosen.lazy_rescale and chosen.q_stages == 2
+    assert not dispatch.config_for(H200, causal).persistent
+    wide = dispatch.config_for(H200, dataclasses.replace(band, head_dim=256))
+    assert wide.block_n == 64 and wide == dispatch.choose(
+        H200, dataclasses.replace(band, head_dim=256), 512, False)
+    packed = dataclasses.replace(band, varlen=True)
+    assert dispatch.config_for(H200, packed) == dispatch.choose(H200, packed, 16384, False)
+
+
 def test_a_tuned_cluster_entry_pairs_only_row_blocks_that_pair_up(fake_h200):
     """An entry tuned with clusters of two serves its whole length bucket: where a length
     makes an odd count of row blocks (3900 queries, 31 of 128), the entry runs without them

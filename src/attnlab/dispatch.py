@@ -17,6 +17,7 @@ from attnlab.policy import (
     MAX_IMBALANCE,
     SHORT_KV_SEQLEN,
     default_for,
+    masked_lookup_seqlen,
     packed_walk,
     paired_row_blocks,
     row_blocks_pair,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from attnlab.tune.cache import TuneCache, TuneKey
     from attnlab.validation import Problem
 
-__all__ = ["arch_of", "config_for", "reload_tune_cache", "tune_cache", "tune_key"]
+__all__ = ["arch_of", "choose", "config_for", "reload_tune_cache", "tune_cache", "tune_key"]
 
 _cache: TuneCache | None = None
 _chosen: dict[tuple, FlashConfig] = {}
@@ -63,7 +64,9 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
     """The configuration ``attention()`` uses on ``gpu`` when the caller gives none."""
     from attnlab.tune.cache import seqlen_bucket
 
-    bucket = seqlen_bucket(problem.seqlen_q)
+    seqlen = problem.seqlen_q if problem.varlen else masked_lookup_seqlen(
+        problem.head_dim, problem.seqlen_q, problem.window)
+    bucket = seqlen_bucket(seqlen)
     short_kv = problem.seqlen_k <= SHORT_KV_SEQLEN
     key = (gpu.index, problem.dtype, problem.head_dim, problem.windowed, problem.varlen, bucket,
            short_kv)
@@ -76,15 +79,16 @@ def config_for(gpu: DeviceInfo, problem: Problem) -> FlashConfig:
         key += (problem.seqlen_q,)
     config = _chosen.get(key)
     if config is None:
-        config = _choose(gpu, problem, bucket, short_kv)
+        config = choose(gpu, problem, bucket, short_kv)
         # Keys hold exact lengths, which a server may see without bound.
         remember(_chosen, key, config)
     return config
 
 
-def _choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> FlashConfig:
-    """The choice for ``problem``, whose query length falls in ``bucket`` (the choice is
-    memoised by bucket, so the default is looked up by it too) and whose keys number at most
+def choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> FlashConfig:
+    """The choice for ``problem``, whose query length (a dense sliding window's:
+    ``policy.masked_lookup_seqlen``) falls in ``bucket`` (the choice is memoised by bucket, so
+    the default is looked up by it too) and whose keys number at most
     ``policy.SHORT_KV_SEQLEN`` when ``short_kv``."""
     dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not

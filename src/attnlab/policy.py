@@ -272,6 +272,21 @@ LONG_MASKED_PACKED_SEQLEN = 4096
 _PACKED_WALK = {"dynamic_tiles": True}
 _PACKED_SHORT_MASKED_WALK = {"dynamic_tiles": True, "q_stages": 1}
 _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
+#: A sliding window's tiles each walk about its band (``left + right + 1`` keys), all alike,
+#: where a causal mask's walk 0 to Sq keys: so a dense band at most half as wide as the queries
+#: looks its masked default up at another query length (``masked_lookup_seqlen``), per head
+#: dim. hd128: the persistent walk of the 4k bucket (one CTA a tile, the longest first, is for
+#: long causal walks of unequal lengths); hd256: the short masked tile (B_c 64, whose band
+#: edges waste less of a block than B_c 80). Fifty-first session, H100, bf16, 16k tokens
+#: (``scripts/window_candidates.py``), end to end (device only), default -> this, at 8k / 16k
+#: queries: hd128 (512, 512) 453 (500) -> 521 (561) / 446 (480) -> 519 (541), (1024, 0) 489
+#: (500) -> 540 (551) / 435 (494) -> 498 (554), (2048, 0) 518 (566) -> 555 (616) / 521 (603) ->
+#: 569 (637), (4096, 0) 580 (660) -> 587 (665) / 575 (668) -> 589 (684); hd256 (512, 512) 517
+#: (545) -> 543 (572) / 513 (550) -> 530 (567), (1024, 0) 503 (539) -> 516 (553) / 490 (536) ->
+#: 508 (551), (2048, 0) 573 (661) -> 582 (668) / 559 (642) -> 575 (658), (4096, 0) 642 (719) ->
+#: 641 (716) / 625 (729) -> 647 (732). hd64 keeps its own (the other buckets' tiles -5 to +3 %);
+#: hd32/96/192 and packed sequences are not measured.
+_BAND_LOOKUP_SEQLEN = {128: 4096, 256: 1}
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
 #: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
@@ -363,6 +378,17 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
     where clusters of two CTAs (``cluster_m=2``) waste no tile (an odd count measured 4-10 %
     slower with them, docs/ladder.md, forty-third session)."""
     return -(-seqlen_q // config.block_m) % 2 == 0
+
+
+def masked_lookup_seqlen(head_dim: int, seqlen_q: int, window: tuple[int, int]) -> int:
+    """The query length by which a dense problem's default is looked up: ``seqlen_q``, but
+    for a sliding window (both sides bounded, ``window = (left, right)``) at most half as wide
+    as the queries at a head dim of ``_BAND_LOOKUP_SEQLEN``, that table's length if shorter."""
+    left, right = window
+    band = 0 <= left and 0 <= right and 2 * (left + right + 1) <= seqlen_q
+    if band and head_dim in _BAND_LOOKUP_SEQLEN:
+        return min(seqlen_q, _BAND_LOOKUP_SEQLEN[head_dim])
+    return seqlen_q
 
 
 def packed_walk(config: FlashConfig, head_dim: int, windowed: bool,

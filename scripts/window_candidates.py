@@ -1,0 +1,108 @@
+"""Sliding windows: the masked default chosen by each query-length bucket, against FA4.
+
+Usage (GPU): python scripts/window_candidates.py [--head-dims 64,128,256]
+[--seqlen 8192,16384] [--windows 512:512,1024:0,2048:0,4096:0] [--dtypes bfloat16[,float16]]
+[--runs 15] [--out DIR]
+
+A causal mask's tiles walk 0 to Sq keys, so the masked default is chosen by the query length
+(``dispatch``: the length's bucket); a sliding window's tiles each walk about its span
+(``left + right + 1`` keys), whatever the length. At each point (16k tokens of hidden 2048)
+this times the dispatch's choice at every bucket (``dispatch.choose``: the tile and
+grid that bucket's causal problems get, the static walk handed to the counter where it is
+unbalanced) beside FA4 (``flash_attn.cute``, window_size), device only and end to end,
+TFLOP/s over the band's pairs; each variant's output is checked against the default's. The
+table goes to stdout, the numbers to OUT/window_candidates.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from attnlab import device, dispatch, kernel_cache
+from attnlab.api import attention
+from attnlab.bench.runner import Point, input_sets, measure_point
+from attnlab.kernels.abi import ForwardSpec
+from attnlab.tune.cache import SEQLEN_BUCKETS
+from attnlab.validation import Problem
+
+
+def band_pairs(seqlen: int, left: int, right: int) -> int:
+    """(query, key) pairs inside the window of a square problem (-1: unbounded side)."""
+    return sum(min(seqlen - 1, i + right if right >= 0 else seqlen - 1)
+               - max(0, i - left if left >= 0 else 0) + 1 for i in range(seqlen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--seqlen", default="8192,16384")
+    parser.add_argument("--windows", default="512:512,1024:0,2048:0,4096:0",
+                        help="left:right pairs, comma-separated")
+    parser.add_argument("--dtypes", default="bfloat16", help="bfloat16, float16 or both")
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    from flash_attn.cute import flash_attn_func as fa4
+
+    gpu = device.info()
+    windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
+    points = []
+    for dtype, head_dim, seqlen, window in itertools.product(
+            args.dtypes.split(","), (int(h) for h in args.head_dims.split(",")),
+            (int(s) for s in args.seqlen.split(",")), windows):
+        problem = Problem(batch=max(1, 16384 // seqlen), seqlen_q=seqlen,
+                          seqlen_k=seqlen, num_heads=2048 // head_dim,
+                          num_heads_kv=2048 // head_dim, head_dim=head_dim,
+                          dtype=getattr(torch, dtype), softmax_scale=head_dim ** -0.5,
+                          window=window)
+        configs = {"default": dispatch.config_for(gpu, problem)}
+        for bucket in SEQLEN_BUCKETS:
+            config = dispatch.choose(gpu, problem, bucket, False)
+            if config not in configs.values():
+                configs[f"bucket{bucket}"] = config
+        points.append((problem, configs))
+    kernel_cache.warm(list({ForwardSpec(c, gpu.arch, p.dtype_name, p.head_dim, True)
+                            for p, configs in points for c in configs.values()}), 16)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for problem, configs in points:
+        window = problem.window
+        point = Point(problem.batch, problem.seqlen_q, problem.seqlen_k, problem.num_heads,
+                      problem.head_dim, problem.dtype_name, True)
+        impls = {name: lambda q, k, v, s, c, cfg=cfg, w=window: attention(
+            q, k, v, softmax_scale=s, window_size=w, config=cfg)
+            for name, cfg in configs.items()}
+        impls["fa4"] = lambda q, k, v, s, c, w=window: fa4(
+            q, k, v, softmax_scale=s, window_size=tuple(None if x < 0 else x for x in w))[0]
+        sets = input_sets(point)
+        q, k, v = sets[0]
+        scale = problem.head_dim ** -0.5
+        reference = impls["default"](q, k, v, scale, True).float()
+        diffs = {name: float((fn(q, k, v, scale, True).float() - reference).abs().max())
+                 for name, fn in impls.items() if name != "default"}
+        flops = 4.0 * point.batch * point.heads * point.head_dim * band_pairs(
+            point.seqlen_q, *window)
+        row = {"point": f"{problem.dtype_name} hd{problem.head_dim} seq {problem.seqlen_q} "
+                        f"window {window}",
+               "max_abs_diff_to_default": diffs,
+               "configs": {name: c.short_name() for name, c in configs.items()}}
+        for result in measure_point(point, impls, runs=args.runs, sets=sets):
+            row[result.impl] = (result.error if result.timing is None else
+                                [flops / (t.median_ms * 1e-3) / 1e12
+                                 for t in (result.timing, result.device_timing)])
+        rows.append(row)
+        print(row["point"] + ": " + "  ".join(
+            f"{name} {row[name][0]:.0f} ({row[name][1]:.0f})" if isinstance(row[name], list)
+            else f"{name} {row[name]}" for name in impls), flush=True)
+        assert all(d < 0.05 and not math.isnan(d) for d in diffs.values()), diffs
+    (args.out / "window_candidates.json").write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
