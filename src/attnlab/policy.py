@@ -281,11 +281,13 @@ _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
 #: (``scripts/window_candidates.py``), end to end (device only), default -> this, at 8k / 16k
 #: queries: hd128 (512, 512) 453 (500) -> 521 (561) / 446 (480) -> 519 (541), (1024, 0) 489
 #: (500) -> 540 (551) / 435 (494) -> 498 (554), (2048, 0) 518 (566) -> 555 (616) / 521 (603) ->
-#: 569 (637), (4096, 0) 580 (660) -> 587 (665) / 575 (668) -> 589 (684); hd256 (512, 512) 517
-#: (545) -> 543 (572) / 513 (550) -> 530 (567), (1024, 0) 503 (539) -> 516 (553) / 490 (536) ->
-#: 508 (551), (2048, 0) 573 (661) -> 582 (668) / 559 (642) -> 575 (658), (4096, 0) 642 (719) ->
-#: 641 (716) / 625 (729) -> 647 (732). hd64 keeps its own (the other buckets' tiles -5 to +3 %);
-#: hd32/96/192 and packed sequences are not measured.
+#: 569 (637), (4096, 0) at 16k 575 (668) -> 589 (684); hd256 (512, 512) 517 (545) -> 543 (572)
+#: / 513 (550) -> 530 (567), (1024, 0) 503 (539) -> 516 (553) / 490 (536) -> 508 (551), (2048,
+#: 0) 573 (661) -> 582 (668) / 559 (642) -> 575 (658), (4096, 0) at 16k 625 (729) -> 647 (732).
+#: (At 8k, (4096, 0) is wider than half and keeps the causal lookup: hd128 580 (660) against
+#: 587 (665), hd256 642 (719) against 641 (716).) hd64 keeps its own (the other buckets' tiles
+#: -5 to +3 %); hd32/96/192 (their defaults 1.06-1.20x FA4 at 16k) and packed sequences are
+#: not measured further.
 _BAND_LOOKUP_SEQLEN = {128: 4096, 256: 1}
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
