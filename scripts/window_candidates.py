@@ -100,8 +100,13 @@ def main() -> None:
         print(row["point"] + ": " + "  ".join(
             f"{name} {row[name][0]:.0f} ({row[name][1]:.0f})" if isinstance(row[name], list)
             else f"{name} {row[name]}" for name in impls), flush=True)
-        assert all(d < 0.05 and not math.isnan(d) for d in diffs.values()), diffs
     (args.out / "window_candidates.json").write_text(json.dumps(rows))
+    # bf16 outputs of one function differ by a few units in their last place (3.9e-3 here).
+    wrong = {row["point"]: name for row in rows
+             for name, diff in row["max_abs_diff_to_default"].items()
+             if math.isnan(diff) or diff > 0.05}
+    if wrong:
+        raise SystemExit(f"outputs differ from the default's: {wrong}")
 
 
 if __name__ == "__main__":
