@@ -9,9 +9,9 @@ A causal mask's tiles walk 0 to Sq keys, so the masked default is chosen by the 
 (``left + right + 1`` keys), whatever the length. At each point (16k tokens of hidden 2048)
 this times the dispatch's choice at every bucket (``dispatch.choose``: the tile and
 grid that bucket's causal problems get, the static walk handed to the counter where it is
-unbalanced) beside FA4 (``flash_attn.cute``, window_size), device only and end to end,
-TFLOP/s over the band's pairs; each variant's output is checked against the default's. The
-table goes to stdout, the numbers to OUT/window_candidates.json.
+unbalanced) beside FA4 (``bench.baselines.fa4``), device only and end to end, TFLOP/s over
+the window's pairs (``bench.timing.window_pairs``); each variant's output is checked against
+the default's. The table goes to stdout, the numbers to OUT/window_candidates.json.
 """
 
 from __future__ import annotations
@@ -25,17 +25,11 @@ from pathlib import Path
 import torch
 
 from attnlab import device, dispatch, kernel_cache
-from attnlab.api import attention
-from attnlab.bench.runner import Point, input_sets, measure_point
+from attnlab.bench.baselines import fa4
+from attnlab.bench.runner import Point, attnlab_impl, input_sets, measure_point
 from attnlab.kernels.abi import ForwardSpec
 from attnlab.tune.cache import SEQLEN_BUCKETS
 from attnlab.validation import Problem
-
-
-def band_pairs(seqlen: int, left: int, right: int) -> int:
-    """(query, key) pairs inside the window of a square problem (-1: unbounded side)."""
-    return sum(min(seqlen - 1, i + right if right >= 0 else seqlen - 1)
-               - max(0, i - left if left >= 0 else 0) + 1 for i in range(seqlen))
 
 
 def main() -> None:
@@ -48,7 +42,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
-    from flash_attn.cute import flash_attn_func as fa4
 
     gpu = device.info()
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
@@ -72,30 +65,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for problem, configs in points:
-        window = problem.window
         point = Point(problem.batch, problem.seqlen_q, problem.seqlen_k, problem.num_heads,
-                      problem.head_dim, problem.dtype_name, True)
-        impls = {name: lambda q, k, v, s, c, cfg=cfg, w=window: attention(
-            q, k, v, softmax_scale=s, window_size=w, config=cfg)
-            for name, cfg in configs.items()}
-        impls["fa4"] = lambda q, k, v, s, c, w=window: fa4(
-            q, k, v, softmax_scale=s, window_size=tuple(None if x < 0 else x for x in w))[0]
+                      problem.head_dim, problem.dtype_name, window=problem.window)
+        impls = {name: attnlab_impl(cfg) for name, cfg in configs.items()}
+        impls["fa4"] = fa4()
         sets = input_sets(point)
         q, k, v = sets[0]
         scale = problem.head_dim ** -0.5
-        reference = impls["default"](q, k, v, scale, True).float()
-        diffs = {name: float((fn(q, k, v, scale, True).float() - reference).abs().max())
+        reference = impls["default"](q, k, v, scale, point.mask).float()
+        diffs = {name: float((fn(q, k, v, scale, point.mask).float() - reference).abs().max())
                  for name, fn in impls.items() if name != "default"}
-        flops = 4.0 * point.batch * point.heads * point.head_dim * band_pairs(
-            point.seqlen_q, *window)
-        row = {"point": f"{problem.dtype_name} hd{problem.head_dim} seq {problem.seqlen_q} "
-                        f"window {window}",
-               "max_abs_diff_to_default": diffs,
+        row = {"point": point.label(), "max_abs_diff_to_default": diffs,
                "configs": {name: c.short_name() for name, c in configs.items()}}
         for result in measure_point(point, impls, runs=args.runs, sets=sets):
             row[result.impl] = (result.error if result.timing is None else
-                                [flops / (t.median_ms * 1e-3) / 1e12
-                                 for t in (result.timing, result.device_timing)])
+                                [result.tflops, result.device_tflops])
         rows.append(row)
         print(row["point"] + ": " + "  ".join(
             f"{name} {row[name][0]:.0f} ({row[name][1]:.0f})" if isinstance(row[name], list)

@@ -35,6 +35,7 @@ from attnlab.bench.timing import (
     summarize,
     tflops,
     time_calls,
+    window_pairs,
 )
 
 
@@ -369,6 +370,8 @@ def test_attnlab_impl_is_attention_as_a_user_calls_it(recorder):
         assert launch["config"] is config and launch["softmax_scale"] == 0.25
         assert launch["window"] == ((-1, 0) if causal else (-1, -1))
     assert outputs[1] is not outputs[2]
+    run(q, q, q, 0.25, (16, 3))
+    assert recorder.launches[-1]["window"] == (16, 3)
 
 
 def test_dispatched_impl_chooses_once_per_call_signature(recorder):
@@ -396,6 +399,39 @@ def test_work_flops_and_labels():
     assert alone.label().endswith("causal backward")
     with pytest.raises(ValueError, match="work must be one of"):
         Point(2, 512, 512, 4, 64, work="bwd")
+
+
+def test_window_points_count_the_pairs_inside_and_read_back():
+    """A sliding window's FLOPs count the (query, key) pairs it lets through, bottom-right
+    aligned as FlashAttention's windows are; a window replaces causal; JSON gives it back."""
+    from dataclasses import asdict
+
+    assert window_pairs(8, 8, (-1, -1)) == 64
+    assert window_pairs(8, 8, (-1, 0)) == 36
+    assert window_pairs(8, 8, (2, 0)) == 1 + 2 + 3 * 6
+    assert window_pairs(8, 8, (1, 1)) == 2 + 3 * 6 + 2
+    assert window_pairs(2, 4, (0, 0)) == 2  # rows see keys 2 and 3
+    assert window_pairs(4, 2, (-1, 0)) == 0 + 0 + 1 + 2  # the first two rows see no key
+    assert window_pairs(4, 2, (0, -1)) == 2 + 2 + 2 + 1
+    point = Point(2, 8, 8, 4, 64, window=(2, 0))
+    assert point.flops == 4.0 * 2 * 4 * 64 * 21 and point.mask == (2, 0)
+    assert point.label().endswith("Sq=8 Sk=8 window (2, 0)")
+    assert Point(2, 8, 8, 4, 64, causal=True).mask is True
+    assert Point(**{**asdict(point), "window": [2, 0]}) == point
+    with pytest.raises(ValueError, match="replaces causal"):
+        Point(2, 8, 8, 4, 64, causal=True, window=(2, 0))
+
+
+def test_peers_take_a_window_or_refuse_it():
+    """attnlab takes a point's window as ``window_size``; torch SDPA, which has none, refuses
+    it (a row's error, not a causal or full result)."""
+    import torch
+
+    from attnlab.bench.baselines import sdpa
+
+    q = torch.randn(1, 8, 2, 32, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="no sliding window"):
+        sdpa("sdpa_flash")(q, q, q, 0.25, (4, 0))
 
 
 def _reference_attention(calls):

@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-#: ``fn(q, k, v, scale, causal)``; the benchmarks use Sq == Sk, where torch's top-left causal
-#: mask and FlashAttention's bottom-right one coincide.
-PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
+#: ``fn(q, k, v, scale, mask)``, ``mask`` causal (True) or not, or a sliding window (left,
+#: right) (``runner.Mask``); the benchmarks use Sq == Sk, where torch's top-left causal mask
+#: and FlashAttention's bottom-right one coincide.
+PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool | tuple[int, int]],
+                  torch.Tensor]
 
 #: Name -> torch SDPBackend attribute.
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
@@ -33,11 +35,14 @@ def sdpa(backend: str) -> PeerFn:
     sdp_backend = getattr(SDPBackend, SDPA_BACKENDS[backend])
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> torch.Tensor:
+            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+        if isinstance(mask, tuple):
+            raise NotImplementedError("torch SDPA takes no sliding window but as a dense mask, "
+                                      "which its flash and cuDNN backends refuse")
         with sdpa_kernel(sdp_backend):
             out = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
-                is_causal=causal, enable_gqa=k.shape[2] != q.shape[2])
+                is_causal=mask, enable_gqa=k.shape[2] != q.shape[2])
         return out.transpose(1, 2)
 
     return run
@@ -48,8 +53,10 @@ def flash_attn() -> PeerFn:
     from flash_attn import flash_attn_func
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> torch.Tensor:
-        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+        if isinstance(mask, tuple):
+            return flash_attn_func(q, k, v, softmax_scale=scale, window_size=mask)
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=mask)
 
     return run
 
@@ -59,8 +66,12 @@ def fa4() -> PeerFn:
     from flash_attn.cute import flash_attn_func
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> torch.Tensor:
-        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)[0]
+            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+        if isinstance(mask, tuple):
+            # FA4 spells an unbounded side None.
+            window = tuple(None if side < 0 else side for side in mask)
+            return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window)[0]
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=mask)[0]
 
     return run
 

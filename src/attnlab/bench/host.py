@@ -55,7 +55,7 @@ def measure_host(points: tuple[Point, ...], impls: dict[str, AttentionFn], *,
     for point in points:
         q, k, v = input_sets(point)[0]
         scale = 1.0 / math.sqrt(point.head_dim)
-        args = (q, k, v, scale, point.causal)
+        args = (q, k, v, scale, point.mask)
         for name, fn in impls.items():
             def call(i: int, fn: AttentionFn = fn, args: tuple = args) -> object:
                 return fn(*args)

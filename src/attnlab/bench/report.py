@@ -69,25 +69,25 @@ def _ratio_text(value: float) -> str:
 
 
 def plot_bench(results: Sequence[Result], path: Path) -> Path:
-    """TFLOP/s vs seqlen, one line per implementation, one panel per (dtype, hd, causal,
+    """TFLOP/s vs seqlen, one line per implementation, one panel per (dtype, hd, mask,
     work)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys((r.point.dtype, r.point.head_dim, r.point.causal, r.point.work)
+    panels = list(dict.fromkeys((r.point.dtype, r.point.head_dim, r.point.mask, r.point.work)
                                 for r in results))
     cols = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (dtype, head_dim, causal, work) in zip(axes.flat, panels, strict=False):
+    for ax, (dtype, head_dim, mask, work) in zip(axes.flat, panels, strict=False):
         for name in impl_names(results):
             pts = sorted((r.point.seqlen_q, r.tflops) for r in results
                          if r.impl == name and r.tflops and r.point.dtype == dtype
-                         and r.point.head_dim == head_dim and r.point.causal == causal
+                         and r.point.head_dim == head_dim and r.point.mask == mask
                          and r.point.work == work)
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=name,
@@ -96,7 +96,8 @@ def plot_bench(results: Sequence[Result], path: Path) -> Path:
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOP/s")
         what = "" if work == "forward" else f", {work}"
-        ax.set_title(f"{dtype}, head dim {head_dim}{', causal' if causal else ''}{what}")
+        shown = f", window {mask}" if isinstance(mask, tuple) else ", causal" if mask else ""
+        ax.set_title(f"{dtype}, head dim {head_dim}{shown}{what}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,6 +1,6 @@
 """Running implementations over a grid of problems, all in one process on the same inputs.
 
-A *point* is one problem (shape, dtype, causal); an *implementation* is attnlab with a config or
+A *point* is one problem (shape, dtype, mask); an *implementation* is attnlab with a config or
 a peer library. For each point every implementation sees the same rotating input sets, so a
 ratio to the reference is measured, never assembled from two runs.
 """
@@ -32,8 +32,11 @@ MAX_INPUT_SETS = 8
 #: The reference of every ratio: FlashAttention-2 as shipped in torch SDPA.
 REFERENCE = "sdpa_flash"
 
-#: ``fn(q, k, v, scale, causal)`` on BSHD tensors (k/v may have fewer heads).
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], object]
+#: A point's mask as implementations take it: causal (True) or not (False), or a sliding
+#: window ``(left, right)`` (FlashAttention's ``window_size``; -1 leaves a side unbounded).
+Mask = bool | tuple[int, int]
+#: ``fn(q, k, v, scale, mask)`` on BSHD tensors (k/v may have fewer heads).
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, Mask], object]
 
 #: What a point times, and its FLOPs in forwards: the backward's five GEMMs of the forward's
 #: size against the forward's two (the convention of the FlashAttention papers).
@@ -42,7 +45,8 @@ WORK_FLOPS = {"forward": 1.0, "forward+backward": 3.5, "backward": 2.5}
 
 @dataclass(frozen=True)
 class Point:
-    """One benchmark problem: BSHD shapes, dtype, causal, and K/V heads for GQA."""
+    """One benchmark problem: BSHD shapes, dtype, causal or a sliding ``window`` (left, right),
+    and K/V heads for GQA."""
 
     batch: int
     seqlen_q: int
@@ -53,10 +57,21 @@ class Point:
     causal: bool = False
     heads_kv: int | None = None  # None: as many as the query heads (MHA)
     work: str = "forward"  # a key of WORK_FLOPS
+    window: tuple[int, int] | None = None  # a sliding window instead of causal / full
 
     def __post_init__(self) -> None:
         if self.work not in WORK_FLOPS:
             raise ValueError(f"work must be one of {list(WORK_FLOPS)}, got {self.work!r}")
+        if self.window is not None:
+            if self.causal:
+                raise ValueError("a sliding window replaces causal: give one or the other")
+            # A window read back from JSON is a list.
+            object.__setattr__(self, "window", tuple(self.window))
+
+    @property
+    def mask(self) -> Mask:
+        """What implementations take as their mask argument."""
+        return self.window if self.window is not None else self.causal
 
     @property
     def kv_heads(self) -> int:
@@ -65,7 +80,8 @@ class Point:
     @property
     def flops(self) -> float:
         return WORK_FLOPS[self.work] * attention_flops(
-            self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
+            self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal,
+            self.window)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -73,6 +89,8 @@ class Point:
 
     def label(self) -> str:
         causal = " causal" if self.causal else ""
+        if self.window is not None:
+            causal = f" window {self.window}"
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         work = "" if self.work == "forward" else f" {self.work}"
         return (f"{self.dtype} hd{self.head_dim} B={self.batch} H={self.heads}{gqa} "
@@ -143,8 +161,10 @@ def attnlab_impl(config: FlashConfig | None = None) -> AttentionFn:
     from attnlab.api import attention
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> torch.Tensor:
-        return attention(q, k, v, softmax_scale=scale, causal=causal, config=config)
+            mask: Mask = False) -> torch.Tensor:
+        if isinstance(mask, tuple):
+            return attention(q, k, v, softmax_scale=scale, window_size=mask, config=config)
+        return attention(q, k, v, softmax_scale=scale, causal=mask, config=config)
 
     return run
 
@@ -161,22 +181,22 @@ def training_impl(fn: AttentionFn, work: str) -> AttentionFn:
     graphs: dict[tuple, tuple] = {}
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                causal: bool) -> tuple:
+                mask: Mask) -> tuple:
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        out = fn(*leaves, scale, causal)
+        out = fn(*leaves, scale, mask)
         key = (out.shape, out.dtype, out.device)
         if key not in grads:
             grads[key] = torch.randn_like(out)
         return out, leaves, grads[key]
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            causal: bool = False) -> tuple[torch.Tensor, ...]:
+            mask: Mask = False) -> tuple[torch.Tensor, ...]:
         if work == "forward+backward":
-            out, leaves, grad = forward(q, k, v, scale, causal)
+            out, leaves, grad = forward(q, k, v, scale, mask)
             return torch.autograd.grad(out, leaves, grad)
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), scale, causal)
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), scale, mask)
         if key not in graphs:
-            graphs[key] = forward(q, k, v, scale, causal)
+            graphs[key] = forward(q, k, v, scale, mask)
         out, leaves, grad = graphs[key]
         return torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
@@ -220,8 +240,8 @@ def measure_point(point: Point, impls: dict[str, AttentionFn], *, runs: int = 30
     active: dict[str, Callable[[int], object]] = {}
     for name, fn in impls.items():
         try:
-            fn(*sets[0], scale, point.causal)  # compiles / builds plans: not timed
-            active[name] = lambda i, fn=fn: fn(*sets[i], scale, point.causal)
+            fn(*sets[0], scale, point.mask)  # compiles / builds plans: not timed
+            active[name] = lambda i, fn=fn: fn(*sets[i], scale, point.mask)
         except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
             errors[name] = f"{type(exc).__name__}: {exc}"
             if on_impl is not None:

@@ -254,10 +254,27 @@ def time_calls(fn: Callable[[int], object], *, warmup: int = 5, runs: int = 30,
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                    causal: bool = False) -> float:
-    """Forward FLOPs as FlashAttention reports them: 4 B H Sq Sk D (halved when causal)."""
+                    causal: bool = False, window: tuple[int, int] | None = None) -> float:
+    """Forward FLOPs as FlashAttention reports them: 4 B H Sq Sk D (halved when causal); with
+    a sliding ``window``, 4 B H D times the (query, key) pairs inside it (``window_pairs``)."""
+    if window is not None:
+        return 4.0 * batch * heads * head_dim * window_pairs(seqlen_q, seqlen_k, window)
     flops = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else flops
+
+
+def window_pairs(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> int:
+    """(query, key) pairs inside ``window = (left, right)`` (-1: a side unbounded), aligned to
+    the bottom right as FlashAttention's windows are: query ``i`` sees keys ``i + Sk - Sq -
+    left`` to ``i + Sk - Sq + right``."""
+    left, right = window
+    shift = seqlen_k - seqlen_q
+    pairs = 0
+    for i in range(seqlen_q):
+        first = 0 if left < 0 else max(0, i + shift - left)
+        last = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + shift + right)
+        pairs += max(0, last - first + 1)
+    return pairs
 
 
 def tflops(flops: float, ms: float) -> float:

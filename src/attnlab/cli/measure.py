@@ -84,6 +84,19 @@ def parse_mode(mode: str) -> tuple[bool, ...]:
                                  param_hint="--mode") from None
 
 
+def parse_window(text: str) -> tuple[int, int]:
+    """``LEFT,RIGHT`` keys of a sliding window, each -1 (unbounded) or more, not both -1."""
+    try:
+        left, right = (int(side) for side in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected LEFT,RIGHT (two integers), got {text!r}",
+                                 param_hint="--window") from None
+    if min(left, right) < -1 or (left, right) == (-1, -1):
+        raise typer.BadParameter(f"each side is -1 (unbounded) or a key count >= 0, and one is "
+                                 f"bounded; got {text!r}", param_hint="--window")
+    return left, right
+
+
 # ---------------------------------------------------------------------------------------------
 @app.command()
 def bench(
@@ -96,6 +109,9 @@ def bench(
                                           "what attention() picks."),
     impls: str = typer.Option(None, help="Comma-separated subset of implementations."),
     mode: str = typer.Option("both", help="full, causal or both (causal FLOPs are halved)."),
+    window: str = typer.Option(None, help="A sliding window LEFT,RIGHT in keys (-1: a side "
+                               "unbounded) as every point's mask, replacing --mode; FLOPs count "
+                               "the pairs inside it. torch SDPA takes none (its rows say so)."),
     gqa: int = typer.Option(1, min=1, help="Query heads per K/V head (GQA); 1 is MHA."),
     quick: bool = typer.Option(False, help=f"seqlens {QUICK_SEQLENS}, hd128, bf16, full, "
                                            "20 runs."),
@@ -162,12 +178,15 @@ def bench(
         return
     if quick:
         seqlens, head_dims, dtypes, runs, mode = QUICK_SEQLENS, "128", "bf16", 20, "full"
+    sliding = parse_window(window) if window is not None else None
     if cross:
         points = cross_grid(8, 8, parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes))
     else:
         points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
                              parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes),
-                             parse_mode(mode), gqa)
+                             (False,) if sliding else parse_mode(mode), gqa)
+    if sliding:
+        points = [dataclasses.replace(p, window=sliding) for p in points]
     implementations = _bench_impls(config, impls)
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)
