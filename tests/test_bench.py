@@ -279,6 +279,9 @@ def test_tables_show_tflops_and_ratios():
     results = fake_results(SPEEDS)
     text = render(bench_table(results, "t"))
     assert "k02" in text and "0.800x" in text and "0.250x" in text
+    # Against another reference (a sliding window's bench: FA4): 0.25 / 0.8 at 4k.
+    text = render(bench_table(results, "t", reference="k02"))
+    assert "/ k02" in text and "0.312x" in text and "1.250x" in text
     rows = ladder_rows(results, {"k01": "base", "k02": "swizzling"})
     ref = reference_tflops(results)
     # End to end: the fake results' 1.1 ms per call at speed 1.

@@ -35,19 +35,20 @@ def one_line(label: str, results: Sequence[Result]) -> str:
     return f"{label}: {cells}"
 
 
-def bench_table(results: Sequence[Result], title: str) -> Table:
+def bench_table(results: Sequence[Result], title: str, reference: str = REFERENCE) -> Table:
     """One row per point: TFLOP/s of each implementation end to end (device only in
-    parentheses), and each one's ratio to the reference, the same two ways."""
+    parentheses), and each one's ratio to ``reference``, the same two ways."""
     names = impl_names(results)
     by_key = {(r.point, r.impl): r for r in results}
-    ratio, device_ratio = ratios(results), ratios(results, device=True)
+    ratio = ratios(results, reference)
+    device_ratio = ratios(results, reference, device=True)
     table = Table(title=title, caption="end to end (device only)")
     table.add_column("problem")
     for name in names:
         table.add_column(f"{name}\nTFLOP/s", justify="right")
     for name in names:
-        if name != REFERENCE:
-            table.add_column(f"{name}\n/ {REFERENCE}", justify="right")
+        if name != reference:
+            table.add_column(f"{name}\n/ {reference}", justify="right")
     for point in dict.fromkeys(r.point for r in results):
         cells = [point.label()]
         for name in names:
@@ -55,7 +56,7 @@ def bench_table(results: Sequence[Result], title: str) -> Table:
             cells.append(f"{r.tflops:.0f} ({r.device_tflops:.0f})" if r and r.tflops
                          and r.device_tflops else "[red]failed[/red]")
         for name in names:
-            if name != REFERENCE:
+            if name != reference:
                 value, dev = ratio.get((point, name)), device_ratio.get((point, name))
                 cells.append("" if value is None or dev is None
                              else f"{_ratio_text(value)} ({dev:.2f})")

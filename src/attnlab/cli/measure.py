@@ -111,7 +111,8 @@ def bench(
     mode: str = typer.Option("both", help="full, causal or both (causal FLOPs are halved)."),
     window: str = typer.Option(None, help="A sliding window LEFT,RIGHT in keys (-1: a side "
                                "unbounded) as every point's mask, replacing --mode; FLOPs count "
-                               "the pairs inside it. torch SDPA takes none (its rows say so)."),
+                               "the pairs inside it, ratios are to FA4 (torch SDPA, which has "
+                               "no sliding window, is left out)."),
     gqa: int = typer.Option(1, min=1, help="Query heads per K/V head (GQA); 1 is MHA."),
     quick: bool = typer.Option(False, help=f"seqlens {QUICK_SEQLENS}, hd128, bf16, full, "
                                            "20 runs."),
@@ -146,7 +147,13 @@ def bench(
     import dataclasses
 
     from attnlab.bench.report import bench_table, plot_bench, write_json
-    from attnlab.bench.runner import cross_grid, measure_grid, tokens_grid, training_impl
+    from attnlab.bench.runner import (
+        REFERENCE,
+        cross_grid,
+        measure_grid,
+        tokens_grid,
+        training_impl,
+    )
 
     if family == "gemm":
         from attnlab.cli.gemm import bench_gemm
@@ -188,6 +195,11 @@ def bench(
     if sliding:
         points = [dataclasses.replace(p, window=sliding) for p in points]
     implementations = _bench_impls(config, impls)
+    reference = REFERENCE
+    if sliding:
+        implementations = {name: fn for name, fn in implementations.items()
+                           if not name.startswith("sdpa_")}
+        reference = "fa4"
     require_gpu()
     out.mkdir(parents=True, exist_ok=True)
     # Each kind of work times every implementation wrapped for it, on its own points.
@@ -201,7 +213,8 @@ def bench(
             results += measure_grid([dataclasses.replace(p, work=work) for p in points],
                                     wrapped, runs=runs,
                                     on_point=lambda p: progress.advance(task))
-    console.print(bench_table(results, title=_device_title("attnlab bench")))
+    console.print(bench_table(results, title=_device_title("attnlab bench"),
+                              reference=reference))
     json_path = write_json(out / "bench.json", "bench", results)
     png_path = plot_bench(results, out / "bench.png")
     console.print(f"wrote {json_path} and {png_path}")
