@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import torch
 
+from attnlab.bench.runner import Mask
+
 #: ``fn(q, k, v, scale, mask)``, ``mask`` causal (True) or not, or a sliding window (left,
-#: right) (``runner.Mask``); the benchmarks use Sq == Sk, where torch's top-left causal mask
-#: and FlashAttention's bottom-right one coincide.
-PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool | tuple[int, int]],
-                  torch.Tensor]
+#: right); the benchmarks use Sq == Sk, where torch's top-left causal mask and
+#: FlashAttention's bottom-right one coincide.
+PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, Mask], torch.Tensor]
 
 #: Name -> torch SDPBackend attribute.
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
@@ -35,7 +36,7 @@ def sdpa(backend: str) -> PeerFn:
     sdp_backend = getattr(SDPBackend, SDPA_BACKENDS[backend])
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+            mask: Mask = False) -> torch.Tensor:
         if isinstance(mask, tuple):
             raise NotImplementedError("torch SDPA takes no sliding window but as a dense mask, "
                                       "which its flash and cuDNN backends refuse")
@@ -53,7 +54,7 @@ def flash_attn() -> PeerFn:
     from flash_attn import flash_attn_func
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+            mask: Mask = False) -> torch.Tensor:
         if isinstance(mask, tuple):
             return flash_attn_func(q, k, v, softmax_scale=scale, window_size=mask)
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=mask)
@@ -66,7 +67,7 @@ def fa4() -> PeerFn:
     from flash_attn.cute import flash_attn_func
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            mask: bool | tuple[int, int] = False) -> torch.Tensor:
+            mask: Mask = False) -> torch.Tensor:
         if isinstance(mask, tuple):
             # FA4 spells an unbounded side None.
             window = tuple(None if side < 0 else side for side in mask)

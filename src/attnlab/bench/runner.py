@@ -88,13 +88,12 @@ class Point:
         return getattr(torch, self.dtype)
 
     def label(self) -> str:
-        causal = " causal" if self.causal else ""
-        if self.window is not None:
-            causal = f" window {self.window}"
+        mask = f" window {self.window}" if self.window is not None else (
+            " causal" if self.causal else "")
         gqa = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         work = "" if self.work == "forward" else f" {self.work}"
         return (f"{self.dtype} hd{self.head_dim} B={self.batch} H={self.heads}{gqa} "
-                f"Sq={self.seqlen_q} Sk={self.seqlen_k}{causal}{work}")
+                f"Sq={self.seqlen_q} Sk={self.seqlen_k}{mask}{work}")
 
 
 @dataclass(frozen=True)
