@@ -25,6 +25,26 @@ def test_bench_quick_writes_table_json_png(tmp_path, wide_console):
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_window_times_attnlab_and_fa4_without_torch_sdpa(tmp_path, wide_console):
+    """``--window``: every point takes the sliding window; torch SDPA, which has none, is left
+    out; its FLOPs are the window's pairs."""
+    from attnlab.bench.timing import window_pairs
+
+    result = CliRunner().invoke(app, ["bench", "--window", "64,0", "--seqlens", "1024",
+                                      "--head-dims", "64", "--dtypes", "bf16", "--runs", "20",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "window (64, 0)" in result.output, result.output
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["impl"]: r for r in payload["results"]}
+    assert "attnlab" in rows and not any(name.startswith("sdpa_") for name in rows), rows
+    for row in rows.values():
+        assert row["point"]["window"] == [64, 0] and row["tflops"] > 0, row["error"]
+    point, timing = rows["attnlab"]["point"], rows["attnlab"]["timing"]
+    flops = 4.0 * point["batch"] * point["heads"] * 64 * window_pairs(1024, 1024, (64, 0))
+    assert rows["attnlab"]["tflops"] == pytest.approx(flops / timing["median_ms"] / 1e9)
+
+
 def test_bench_backward_times_training_of_attnlab_and_its_peers(tmp_path, wide_console):
     """``--backward``: forward + backward and the backward alone per point, attnlab and the
     peers timed."""
