@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
 from attnlab.bench.report import (
@@ -423,6 +425,17 @@ def test_window_points_count_the_pairs_inside_and_read_back():
     assert Point(**{**asdict(point), "window": [2, 0]}) == point
     with pytest.raises(ValueError, match="replaces causal"):
         Point(2, 8, 8, 4, 64, causal=True, window=(2, 0))
+
+
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(-1, 400), st.integers(-1, 400))
+def test_window_pairs_are_the_reference_masks_keys(seqlen_q, seqlen_k, left, right):
+    """The pairs counted for a window's FLOPs are the keys ``reference.window_mask`` lets
+    through, every shape and side (the full window: all of them)."""
+    from attnlab.reference import window_mask
+
+    mask = window_mask(seqlen_q, seqlen_k, (left, right))
+    expected = seqlen_q * seqlen_k if mask is None else int(mask.sum())
+    assert window_pairs(seqlen_q, seqlen_k, (left, right)) == expected
 
 
 def test_peers_take_a_window_or_refuse_it():

@@ -267,14 +267,14 @@ def window_pairs(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> int:
     """(query, key) pairs inside ``window = (left, right)`` (-1: a side unbounded), aligned to
     the bottom right as FlashAttention's windows are: query ``i`` sees keys ``i + Sk - Sq -
     left`` to ``i + Sk - Sq + right``."""
+    import torch
+
     left, right = window
-    shift = seqlen_k - seqlen_q
-    pairs = 0
-    for i in range(seqlen_q):
-        first = 0 if left < 0 else max(0, i + shift - left)
-        last = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + shift + right)
-        pairs += max(0, last - first + 1)
-    return pairs
+    diagonal = torch.arange(seqlen_q) + (seqlen_k - seqlen_q)
+    first = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(diagonal)
+    last = ((diagonal + right).clamp(max=seqlen_k - 1) if right >= 0
+            else torch.full_like(diagonal, seqlen_k - 1))
+    return int((last - first + 1).clamp(min=0).sum())
 
 
 def tflops(flops: float, ms: float) -> float:
