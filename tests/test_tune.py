@@ -279,6 +279,14 @@ def test_a_sliding_band_looks_its_default_up_by_its_head_dims_length(fake_h200):
         H200, dataclasses.replace(band, head_dim=256), 512, False)
     packed = dataclasses.replace(band, varlen=True)
     assert dispatch.config_for(H200, packed) == dispatch.choose(H200, packed, 16384, False)
+    # An entry tuned for causal 4k problems serves the band too; the causal 16k call keeps
+    # its default.
+    tuned = policy.default_for("sm_90a", 128, True).replace(block_n=96)
+    fake_h200.put(dataclasses.replace(KEY, causal=True), tuned)
+    fake_h200.save()
+    dispatch.reload_tune_cache()
+    assert dispatch.config_for(H200, band) == tuned
+    assert dispatch.config_for(H200, causal) != tuned
 
 
 def test_a_tuned_cluster_entry_pairs_only_row_blocks_that_pair_up(fake_h200):

@@ -92,8 +92,9 @@ def choose(gpu: DeviceInfo, problem: Problem, bucket: int, short_kv: bool) -> Fl
     ``policy.SHORT_KV_SEQLEN`` when ``short_kv``."""
     dtype = problem.dtype_name
     # A masked call runs the windowed kernel: an entry tuned on plain attention does not
-    # speak for it (their best knobs differ, docs/ladder.md).
-    tuned = tune_cache().get(tune_key(gpu, dtype, problem.head_dim, problem.seqlen_q,
+    # speak for it (their best knobs differ, docs/ladder.md). A band takes the entry of the
+    # length it is looked up by, as it takes that length's default.
+    tuned = tune_cache().get(tune_key(gpu, dtype, problem.head_dim, bucket,
                                       causal=problem.windowed))
     # The mma.sync kernel's TMA ring cannot serve packed sequences (FlashConfig.tma_kv_loads;
     # the wgmma kernel's boxes start at each sequence): such an entry gives way to the
