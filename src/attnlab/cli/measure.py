@@ -192,11 +192,10 @@ def bench(
         points = tokens_grid(tokens, hidden, parse_ints(seqlens, "--seqlens"),
                              parse_ints(head_dims, "--head-dims"), parse_dtypes(dtypes),
                              (False,) if sliding else parse_mode(mode), gqa)
-    if sliding:
-        points = [dataclasses.replace(p, window=sliding) for p in points]
     implementations = _bench_impls(config, impls)
     reference = REFERENCE
     if sliding:
+        points = [dataclasses.replace(p, window=sliding) for p in points]
         implementations = {name: fn for name, fn in implementations.items()
                            if not name.startswith("sdpa_")}
         reference = "fa4"
