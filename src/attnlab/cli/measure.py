@@ -173,6 +173,9 @@ def bench(
     if family != "attention":
         raise typer.BadParameter(f"expected attention, gemm, sparse or conv, got {family!r}",
                                  param_hint="--family")
+    if window is not None and (decode or host):
+        raise typer.BadParameter("--window sets the mask of the forward grid; --decode and "
+                                 "--host time other problems: drop it", param_hint="--window")
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),
                       impls, runs, out)
