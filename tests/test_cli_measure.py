@@ -37,6 +37,7 @@ def test_help(command):
     (["bench", "--window", "-2,0"], "-1 (unbounded) or a key count"),
     (["bench", "--window", "64,0", "--host"], "--decode and --host time other problems"),
     (["bench", "--window", "64,0", "--decode"], "--decode and --host time other problems"),
+    (["bench", "--window", "64,0", "--mode", "full"], "replaces --mode"),
     (["bench", "--impls", "sdpa_flash,nope"], "unknown ['nope']"),
     (["bench", "--config", "k99"], "neither a ladder config"),
     (["bench", "--runs", "5"], "greater than or equal to 20"),

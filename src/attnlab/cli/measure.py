@@ -108,7 +108,8 @@ def bench(
     config: str = typer.Option(None, help="attnlab config (ladder name or JSON); default: "
                                           "what attention() picks."),
     impls: str = typer.Option(None, help="Comma-separated subset of implementations."),
-    mode: str = typer.Option("both", help="full, causal or both (causal FLOPs are halved)."),
+    mode: str = typer.Option(None, help="full, causal or both (causal FLOPs are halved); "
+                             "default both."),
     window: str = typer.Option(None, help="A sliding window LEFT,RIGHT in keys (-1: a side "
                                "unbounded) as every point's mask, replacing --mode; FLOPs count "
                                "the pairs inside it, ratios are to FA4 (torch SDPA, which has "
@@ -176,6 +177,10 @@ def bench(
     if window is not None and (decode or host):
         raise typer.BadParameter("--window sets the mask of the forward grid; --decode and "
                                  "--host time other problems: drop it", param_hint="--window")
+    if window is not None and mode is not None:
+        raise typer.BadParameter("--window is every point's mask and replaces --mode: give "
+                                 "one of them", param_hint="--window")
+    mode = mode or "both"
     if decode:
         _bench_decode(parse_ints(batches, "--batches"), parse_ints(cache_lens, "--cache-lens"),
                       impls, runs, out)
