@@ -179,11 +179,11 @@ def test_sliding_window(shape, window):
 
 
 @pytest.mark.parametrize("window", [(512, 512), (1024, 0)])
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [96, 128, 256])
 def test_long_sliding_band(head_dim, window):
     """A band at most half as wide as 8k queries runs the default its head dim looks up for
-    bands (``policy.masked_lookup_seqlen``: hd128 the persistent walk of 4k, hd256 the short
-    masked tile), every tile's walk starting and ending at a band edge."""
+    bands (``policy.masked_lookup_seqlen``: hd128 the persistent walk of 4k, hd96 and hd256
+    the short masked tile), every tile's walk starting and ending at a band edge."""
     assert policy.masked_lookup_seqlen(head_dim, 8192, window) < 8192
     check_dense(*dense_inputs(1, 8192, 8192, 2, 2, head_dim, torch.bfloat16, seed=head_dim),
                 window=window)

@@ -286,9 +286,19 @@ _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
 #: 0) 573 (661) -> 582 (668) / 559 (642) -> 575 (658), (4096, 0) at 16k 625 (729) -> 647 (732).
 #: (At 8k, (4096, 0) is wider than half and keeps the causal lookup: hd128 580 (660) against
 #: 587 (665), hd256 642 (719) against 641 (716).) hd64 keeps its own (the other buckets' tiles
-#: -5 to +3 %); hd32/96/192 (their defaults 1.06-1.20x FA4 at 16k) and packed sequences are
-#: not measured further.
-_BAND_LOOKUP_SEQLEN = {128: 4096, 256: 1}
+#: -5 to +3 %); hd32 and hd192 (their defaults 1.06-1.20x FA4 at 16k) and packed sequences
+#: are not measured further. hd96: the short masked tile (128 x 128) for a narrow band only
+#: (``_BAND_MAX_WIDTH``): fifty-second session, H200, bf16, 8k / 16k queries, its default
+#: (192 x 96, one CTA a tile) -> the short tile, end to end (device only): (256, 256) 319 (332)
+#: -> 353 (362) / 310 (298) -> 343 (330), (512, 512) 399 (431) -> 424 (458) / 395 (424) -> 423
+#: (453) (fp16 at 16k 398 (424) -> 427 (457); fifty-first session, H100, 401 (423) -> 433
+#: (456)), (1024, 0) 412 (452) -> 418 (449) / 425 (448) -> 428 (452) (fp16 398 (452) -> 406
+#: (461)), (768, 0) even (-0.5 to +0.3 %), but (1536, 0) 488 (518) -> 459 (489) / 472 (523) ->
+#: 451 (500) and (2048, 0) 488 (543) -> 466 (525) / 491 (542) -> 478 (528).
+_BAND_LOOKUP_SEQLEN = {96: 1, 128: 4096, 256: 1}
+#: The widest band (``left + right``) a head dim looks up by ``_BAND_LOOKUP_SEQLEN``; others
+#: take any band at most half as wide as the queries.
+_BAND_MAX_WIDTH = {96: 1024}
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
 #: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
@@ -385,9 +395,11 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
 def masked_lookup_seqlen(head_dim: int, seqlen_q: int, window: tuple[int, int]) -> int:
     """The query length by which a dense problem's default is looked up: ``seqlen_q``, but
     for a sliding window (both sides bounded, ``window = (left, right)``) at most half as wide
-    as the queries at a head dim of ``_BAND_LOOKUP_SEQLEN``, that table's length if shorter."""
+    as the queries (and at most ``_BAND_MAX_WIDTH`` wide) at a head dim of
+    ``_BAND_LOOKUP_SEQLEN``, that table's length if shorter."""
     left, right = window
-    band = 0 <= left and 0 <= right and 2 * (left + right + 1) <= seqlen_q
+    band = (0 <= left and 0 <= right and 2 * (left + right + 1) <= seqlen_q
+            and left + right <= _BAND_MAX_WIDTH.get(head_dim, seqlen_q))
     if band and head_dim in _BAND_LOOKUP_SEQLEN:
         return min(seqlen_q, _BAND_LOOKUP_SEQLEN[head_dim])
     return seqlen_q
