@@ -259,15 +259,16 @@ def test_warm_covers_every_default_the_dispatch_picks(fake_h200, monkeypatch, ar
 
 def test_a_sliding_band_looks_its_default_up_by_its_head_dims_length(fake_h200):
     """A dense window at most half as wide as the queries takes, at hd128, the masked default
-    of 4k queries (a persistent walk, not one CTA a tile) and, at hd256 and (up to 1024 wide)
-    hd96, the short masked tile; causal masks, wider windows, one-sided ones, hd64 and packed
-    sequences keep their own."""
+    of 4k queries (a persistent walk, not one CTA a tile) and, at hd256, the short masked tile,
+    as does hd96 for any band up to 1024 keys wide; causal masks, wider windows, one-sided
+    ones, hd64 and packed sequences keep their own."""
     assert policy.masked_lookup_seqlen(128, 16384, (1024, 0)) == 4096
     assert policy.masked_lookup_seqlen(128, 16384, (512, 512)) == 4096
     assert policy.masked_lookup_seqlen(128, 2048, (512, 0)) == 2048
     assert policy.masked_lookup_seqlen(256, 8192, (2048, 0)) == 1
     assert policy.masked_lookup_seqlen(96, 16384, (512, 512)) == 1
     assert policy.masked_lookup_seqlen(96, 8192, (1024, 0)) == 1
+    assert policy.masked_lookup_seqlen(96, 2048, (512, 512)) == 1
     for head_dim, window in ((128, (-1, 0)), (128, (8192, 0)), (128, (512, -1)),
                              (64, (512, 512)), (96, (1536, 0)), (96, (512, 513))):
         assert policy.masked_lookup_seqlen(head_dim, 16384, window) == 16384, window

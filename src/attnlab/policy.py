@@ -294,10 +294,14 @@ _PACKED_SHORT_MASKED_ONE_CTA_HEAD_DIMS = (256,)
 #: (453) (fp16 at 16k 398 (424) -> 427 (457); fifty-first session, H100, 401 (423) -> 433
 #: (456)), (1024, 0) 412 (452) -> 418 (449) / 425 (448) -> 428 (452) (fp16 398 (452) -> 406
 #: (461)), (768, 0) even (-0.5 to +0.3 %), but (1536, 0) 488 (518) -> 459 (489) / 472 (523) ->
-#: 451 (500) and (2048, 0) 488 (543) -> 466 (525) / 491 (542) -> 478 (528).
+#: 451 (500) and (2048, 0) 488 (543) -> 466 (525) / 491 (542) -> 478 (528). At 2k / 4k
+#: queries (same H200): (256, 256) 317 (325) -> 351 (359) / 305 (309) -> 337 (340), (512, 0)
+#: 297 (306) -> 326 (335) / 307 (312) -> 334 (340), (512, 512) 372 (412) -> 404 (444) / 387
+#: (407) -> 410 (432), (1024, 0) 391 (426) -> 393 (433) / 410 (407) -> 415 (411): at 2k the
+#: last two are wider than half the queries and gain too, so hd96 asks width only.
 _BAND_LOOKUP_SEQLEN = {96: 1, 128: 4096, 256: 1}
-#: The widest band (``left + right``) a head dim looks up by ``_BAND_LOOKUP_SEQLEN``; others
-#: take any band at most half as wide as the queries.
+#: The widest band (``left + right``) a head dim looks up by ``_BAND_LOOKUP_SEQLEN``, whatever
+#: the query length; the others' bands are at most half as wide as the queries.
 _BAND_MAX_WIDTH = {96: 1024}
 #: Unmasked hd64 from ``LONG_PLAIN_SEQLEN`` queries keeps one Q buffer (forty-ninth session,
 #: H100, 16k tokens, end to end (device only), two Q buffers -> one): fp16 8k 511 (541) ->
@@ -395,12 +399,14 @@ def row_blocks_pair(config: FlashConfig, seqlen_q: int) -> bool:
 def masked_lookup_seqlen(head_dim: int, seqlen_q: int, window: tuple[int, int]) -> int:
     """The query length by which a dense problem's default is looked up: ``seqlen_q``, but
     for a sliding window (both sides bounded, ``window = (left, right)``) at most half as wide
-    as the queries (and at most ``_BAND_MAX_WIDTH`` wide) at a head dim of
-    ``_BAND_LOOKUP_SEQLEN``, that table's length if shorter."""
+    as the queries (at most ``_BAND_MAX_WIDTH`` wide where that table has the head dim) at a
+    head dim of ``_BAND_LOOKUP_SEQLEN``, that table's length if shorter."""
     left, right = window
-    band = (0 <= left and 0 <= right and 2 * (left + right + 1) <= seqlen_q
-            and left + right <= _BAND_MAX_WIDTH.get(head_dim, seqlen_q))
-    if band and head_dim in _BAND_LOOKUP_SEQLEN:
+    if head_dim in _BAND_MAX_WIDTH:
+        narrow = left + right <= _BAND_MAX_WIDTH[head_dim]
+    else:
+        narrow = 2 * (left + right + 1) <= seqlen_q
+    if 0 <= left and 0 <= right and narrow and head_dim in _BAND_LOOKUP_SEQLEN:
         return min(seqlen_q, _BAND_LOOKUP_SEQLEN[head_dim])
     return seqlen_q
 
