@@ -31,6 +31,7 @@ from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import (
     FA4_ORDER,
     ONE_CTA,
+    SM90A_SHORT_MASKED_KNOBS,
     SM90A_WGMMA_KNOBS,
     default_for,
     paired_row_blocks,
@@ -110,6 +111,13 @@ for _head_dim in (32, 64):
     VARIANTS[_head_dim]["one_cta_bc128"] = {**ONE_CTA, "block_n": 128, "fence_p": False}
 #: ... and on the default's grid, where B_c 128 spills 4 values today (`attnlab sass --masked`).
 VARIANTS[64]["bc128"] = {"block_n": 128, "fence_p": False}
+#: hd256 causal at 2k, where the short masked tile (B_c 64) beat the long one (B_c 80) under
+#: one-sided bands a causal mask in effect (+2.3 / +3.9 %, fifty-second session, H200): that
+#: tile itself, B_c 64 on the long tile's grid (masked, the default since the fifty-third
+#: session; unmasked, a candidate), and the masked tile before it (B_c 80).
+VARIANTS[256].update(short_masked_tile=dict(SM90A_SHORT_MASKED_KNOBS[256]),
+                     bc64={"block_n": 64, "fence_p": False},
+                     bc80={"block_n": 80, "fence_p": True})
 _LPT16 = {"lpt": True, "l2_section_mb": 16}
 #: hd256's 16 MiB sections; at hd128 causal also FA4's grid, one CTA per tile longest first
 #: (thirty-fifth session).
@@ -179,7 +187,7 @@ for _head_dim in VARIANTS:
 PLAIN_ONLY = {"cluster", "no_cluster"}
 
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
-MASKED_ONLY = {"dense_masked_dynamic", "dense_masked_dynamic_lpt",
+MASKED_ONLY = {"dense_masked_dynamic", "dense_masked_dynamic_lpt", "short_masked_tile",
                "long_masked_tile", "long_masked_tile_per_head", "long_masked_tile_static",
                "one_cta_bc128", "bc128",
                "one_cta_kv3", "per_head_persistent", "per_head_dynamic"}

@@ -324,7 +324,7 @@ def test_wgmma_default_is_warpgroup_mmas_fed_by_tma(head_dim, windowed, artifact
 @pytest.mark.parametrize(("head_dim", "seqlen", "stack_bytes"), [
     (64, policy.LONG_MASKED_SEQLEN // 2, 0), (256, policy.LONG_MASKED_SEQLEN // 2, 0),
     (64, policy.MID_MASKED_SEQLEN, 0),
-    (64, policy.VERY_LONG_MASKED_SEQLEN, 0),
+    (64, policy.VERY_LONG_MASKED_SEQLEN, 0), (128, policy.LONG_MASKED_SEQLEN, 0),
     (128, policy.VERY_LONG_MASKED_SEQLEN, 0)])
 def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, seqlen,
                                                                       stack_bytes, artifact_dir):
@@ -332,8 +332,9 @@ def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, 
     in FA4's order) and hd256 (B_c 64, lazy rescaling), hd64 in the 2k bucket on the
     static walk, hd64 from 8k at B_c 128 on the counter's grid in FA4's order (row sums from
     the corrected old sums, O rescaled after P V, the epilogue's addresses built after the
-    loop: the four values B_c 128 spilled with O rescaled first are gone) and hd128 from 8k on
-    one CTA per tile: no spills. The tiles in FA4's order wait for P V behind some of the
+    loop: the four values B_c 128 spilled with O rescaled first are gone), hd128 from 2k
+    without the warpgroups' turns and with O rescaled first, and hd128 from 8k on one CTA
+    per tile: no spills. The tiles in FA4's order wait for P V behind some of the
     softmax's exponentials and leave none of O's multiplies after the last (what they were
     measured faster for, docs/ladder.md, forty-eighth session)."""
     cfg = policy.default_for("sm_90a", head_dim, True, seqlen=seqlen)
@@ -349,6 +350,20 @@ def test_masked_defaults_by_length_compile_with_their_measured_spills(head_dim, 
         order = softmax_order(sass_text)
         assert min(order.exps_before_pv_wait) >= 8, order
         assert max(order.fmuls_after_last_exp) == 0, order
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_plain_defaults_below_the_long_length_compile_without_spills(head_dim, artifact_dir):
+    """The unmasked defaults shorter than ``LONG_PLAIN_SEQLEN`` queries where they differ from
+    the long ones (hd64 with Q's second buffer, hd256 at B_c 64): one HGMMA per 16-wide k-step
+    of each GEMM, no spill."""
+    cfg = policy.default_for("sm_90a", head_dim, seqlen=policy.LONG_PLAIN_SEQLEN // 2)
+    assert cfg != policy.default_for("sm_90a", head_dim)
+    art = compile_config(cfg, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
+    sass_text = disassemble(art.cubin)
+    bodies = 2 + cfg.intra_wg_overlap
+    assert histogram(parse(sass_text))["HGMMA"] == bodies * (head_dim // 16 + cfg.block_n // 16)
+    assert not read_resources(art.cubin, sass_text).spills
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

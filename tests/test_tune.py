@@ -351,12 +351,16 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     chosen = dispatch.config_for(device, causal)
     assert chosen == policy.default_for("sm_90a", 128, windowed=True, seqlen=4096)
-    # Lazy rescaling from 2k to below 8k masked queries (hd64/128/256), not beyond, not plain.
-    assert chosen.lazy_rescale and chosen == policy.default_for(
-        "sm_90a", 128, windowed=True).replace(lazy_rescale=True)
-    for seqlen, lazy in ((1024, False), (2048, True), (8192, False)):
-        at = dataclasses.replace(causal, seqlen_q=seqlen, seqlen_k=seqlen)
-        assert dispatch.config_for(device, at).lazy_rescale == lazy, seqlen
+    # From 2k to below 8k masked queries (hd64/128; hd192/256 at every length) lazy
+    # rescaling, at hd128 without the warpgroups' turns and with O rescaled first; not
+    # beyond, not plain.
+    long = dict(lazy_rescale=True, pingpong=False, rescale_o_before_pv=True)
+    assert chosen == policy.default_for("sm_90a", 128, windowed=True).replace(**long)
+    for seqlen, in_range in ((1024, False), (2048, True), (8192, False)):
+        at = dispatch.config_for(device, dataclasses.replace(causal, seqlen_q=seqlen,
+                                                             seqlen_k=seqlen))
+        assert (at.lazy_rescale, at.pingpong, at.rescale_o_before_pv) == (
+            in_range, not in_range, in_range), seqlen
     chosen_plain = dispatch.config_for(device, problem(4096))
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
     assert fp16 == policy.default_for("sm_90a", 128, dtype="float16").replace(
@@ -520,8 +524,8 @@ def test_masked_calls_draw_tiles_from_the_counter_where_the_static_walk_is_unbal
     causal = dataclasses.replace(problem(4096), window=(-1, 0))
     static = policy.default_for("sm_90a", 128, True)
     assert static.persistent and not static.dynamic_tiles
-    # At 4k queries with lazy rescaling (``policy._LAZY_MASKED_HEAD_DIMS``).
-    at_4k = static.replace(lazy_rescale=True)
+    # At 4k queries with ``policy._LONG_MASKED_TILES``'s knobs.
+    at_4k = static.replace(lazy_rescale=True, pingpong=False, rescale_o_before_pv=True)
     assert dispatch.config_for(H200, causal) == at_4k
     # From 8k queries hd128 runs one CTA per tile, longest first (FA4's grid); below, an
     # unbalanced static walk goes to the counter (B = 1, H = 2: 32 tiles on 132 SMs).

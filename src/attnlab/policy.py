@@ -93,10 +93,11 @@ _RESCALE_FIRST = {"rescale_o_before_pv": True}
 #: change alone leaves the wait first. Under a mask the pair measured even and the late
 #: addresses alone -3 %, so not there.
 _LATE_O = {"late_o_addresses": True}
-#: hd256 on FA4's schedule above hd128 (thirty-fourth session, H100, seq 4k, same run): no
-#: turns and O rescaled under the next S = Q K^T: +2.7 % device only (+2.9 % end to end)
-#: unmasked, +2.5 % (+3.5 %) causal, where either alone had measured within 1 %.
-_FA4_HD256 = {"pingpong": False, **_RESCALE_FIRST}
+#: FA4's schedule above hd128: no turns and O rescaled under the next S = Q K^T. hd256
+#: (thirty-fourth session, H100, seq 4k, same run): +2.7 % device only (+2.9 % end to end)
+#: unmasked, +2.5 % (+3.5 %) causal, where either alone had measured within 1 %. hd128's
+#: masked tile of the 2k and 4k buckets: ``_LONG_MASKED_TILES``.
+_NO_TURNS_RESCALE_FIRST = {"pingpong": False, **_RESCALE_FIRST}
 #: hd256 keeps its row maxima within 2^8 and skips O's rescale (128 multiplies a thread and
 #: block, 28 % of the loop body) where no row of a warp moved (``lazy_rescale``), plain and
 #: masked at every length of the long tiles (forty-fifth session, H100, 16k tokens, end to
@@ -167,10 +168,22 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
                   **_Q_DOUBLE},
     (192, False): {"block_n": 96, "kv_stages": 2, "fence_p": True, **_LAZY, **_PERSISTENT},
     (192, True): {"block_n": 96, "kv_stages": 2, "fence_p": True, "lpt": True, **_LAZY},
-    (256, False): {"block_n": 80, "kv_stages": 2, "fence_p": True, **_FA4_HD256, **_LAZY,
+    # Unmasked hd256 below ``LONG_PLAIN_SEQLEN`` at B_c 64 (fifty-third session, H200, end to
+    # end (device only), B_c 80 -> 64, 16k tokens of 8 heads): bf16 1k 604 (657) -> 619 (669),
+    # 2k 678 (731) -> 689 (742), 4k 716 (746) -> 727 (758); fp16 1k 574 (641) -> 584 (651), 2k
+    # 646 (690) -> 655 (701), 4k 688 (715) -> 697 (725) (batch 4 x 16 heads: 2k, 4k +1.3 to
+    # +2.3 %). From 8k it keeps B_c 80 (``_LONG_PLAIN_TILES``).
+    (256, False): {"block_n": 64, "kv_stages": 2, **_NO_TURNS_RESCALE_FIRST, **_LAZY,
                    **_PERSISTENT},
-    (256, True): {"block_n": 80, "kv_stages": 2, "fence_p": True, "lpt": True,
-                  "l2_section_mb": 16, **_FA4_HD256, **_LAZY, **_DYNAMIC},
+    # Masked hd256 at B_c 64, not 80 (fifty-third session, H200, causal, 16k tokens, end to
+    # end (device only), B_c 80 -> 64): bf16 2k 567 (625) -> 576 (631), 3k 610 (650) -> 614
+    # (664), 4k 660 (681) -> 663 (685), 8k 721 (742) -> 723 (746), 16k 767 (771) -> 780 (790);
+    # fp16 2k 532 (602) -> 542 (615), 3k 586 (644) -> 594 (654), 4k 636 (655) -> 646 (662), 8k
+    # 702 (706) -> 698 (710), 16k 745 (750) -> 758 (770): a 128-row tile's diagonal crosses
+    # fewer masked keys in 64-key blocks. (Measured with P pinned, ``fence_p``, whose SASS at
+    # this power-of-two width differs by 8 of 3,672 instructions, none of them MMAs.)
+    (256, True): {"block_n": 64, "kv_stages": 2, "lpt": True,
+                  "l2_section_mb": 16, **_NO_TURNS_RESCALE_FIRST, **_LAZY, **_DYNAMIC},
 }
 #: Masked and shorter than ``LONG_MASKED_SEQLEN`` queries: the tiles of two warpgroups in the
 #: per-head order, on a persistent grid (+9 to +13% at seq 2k: hd64, hd128, hd256). At seq 1k
@@ -243,7 +256,17 @@ MID_MASKED_SEQLEN = 2048
 #: 686 -> 699 (fp16); from 8k even (-0.8 to +0.3 %), plain problems -2 to 0 %
 #: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed). hd192's and
 #: hd256's tiles have it at every length (``_LAZY``).
-_LAZY_MASKED_HEAD_DIMS = (64, 128)
+#: hd128's masked tile there also drops the warpgroups' turns and rescales O under the next
+#: S = Q K^T (``_NO_TURNS_RESCALE_FIRST``; fifty-third session, H200, causal, 16k tokens, end
+#: to end (device only), default -> it): bf16 2k 539 (572) -> 549 (573), 3k 580 (635) -> 588
+#: (639), 4k 605 (658) -> 615 (664); fp16 2k 507 (546) -> 518 (551), 3k 545 (603) -> 562 (615),
+#: 4k 566 (598) -> 581 (616) (fifty-second session, 4k: bf16 595 (649) -> 606 (655), fp16 562
+#: (615) -> 577 (628) and 524 (533) -> 548 (550)). On the one-CTA tile from the 8k bucket it
+#: lost: bf16 6k 614 (637) -> 569 (593), 8k 636 (654) -> 592 (607), 16k 676 (681) -> 630
+#: (630); fp16 -1 to -1.6 %. (The thirty-third session's -1.1 to -3.7 % under a mask was the
+#: turns dropped alone.)
+_LONG_MASKED_TILES: dict[int, dict[str, object]] = {
+    64: _LAZY, 128: {**_LAZY, **_NO_TURNS_RESCALE_FIRST}}
 MAX_IMBALANCE = 1.05
 LONG_MASKED_SEQLEN = 2048
 #: Masked packed sequences below this (longest) query length run the short masked tiles: the
@@ -308,7 +331,12 @@ _BAND_MAX_WIDTH = {96: 1024}
 #: 545 (554), 16k 522 (534) -> 536 (551); bf16 8k 562 (586) -> 554 (583), 16k 534 (565) ->
 #: 538 (567) and 561 (571) -> 561 (571). A tile there walks 64-128 K/V blocks, over which
 #: the Q load's wait is spread thin; the two buffers won at 1k and 4k (``_Q_DOUBLE``).
-_LONG_PLAIN_TILES: dict[int, dict[str, object]] = {64: {"q_stages": 1}}
+#: hd256 keeps B_c 80 there (fifty-third session, H200, batch 4 x 16 heads, end to end (device
+#: only), B_c 80 -> 64, in two runs: 8k bf16 748 (764) -> 747 (766) and 755 (772) -> 748
+#: (767), fp16 735 (727) -> 717 (726) and 728 (743) -> 729 (738); 16k +3.1 to +5.2 %, but at
+#: 16k tokens of 8 heads bf16 764 (784) -> 762 (786), fp16 734 (755) -> 735 (751)).
+_LONG_PLAIN_TILES: dict[int, dict[str, object]] = {
+    64: {"q_stages": 1}, 256: {"block_n": 80, "fence_p": True}}
 LONG_PLAIN_SEQLEN = 8192
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
 #: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
@@ -343,10 +371,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``SM90A_SHORT_MASKED_KNOBS``; dense and masked up to ``MID_MASKED_SEQLEN``,
     ``_MID_MASKED_TILES`` (hd64 on the static walk), from ``VERY_LONG_MASKED_SEQLEN``,
     ``_VERY_LONG_MASKED_TILES`` (hd64 B_c 128 in ``FA4_ORDER``, hd128 one CTA per tile
-    longest first), below
-    it at hd64/128 lazy rescaling (``_LAZY_MASKED_HEAD_DIMS``; hd192's and hd256's tiles
-    have it); unmasked from ``LONG_PLAIN_SEQLEN`` (or ``seqlen`` None), ``_LONG_PLAIN_TILES``
-    (hd64 with one Q buffer);
+    longest first), below it ``_LONG_MASKED_TILES`` (hd64/128 lazy rescaling, hd128 without
+    turns and O rescaled first; hd192's and hd256's tiles rescale lazily everywhere);
+    unmasked from ``LONG_PLAIN_SEQLEN`` (or ``seqlen`` None), ``_LONG_PLAIN_TILES`` (hd64
+    with one Q buffer, hd256 B_c 80);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
     counter (``packed_walk``); otherwise
@@ -366,9 +394,9 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
         very_long = dense_masked and seqlen >= VERY_LONG_MASKED_SEQLEN
         if very_long and head_dim in _VERY_LONG_MASKED_TILES:
             config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
-        lazy = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
-        if lazy and head_dim in _LAZY_MASKED_HEAD_DIMS:
-            config = config.replace(lazy_rescale=True)
+        long = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
+        if long and head_dim in _LONG_MASKED_TILES:
+            config = config.replace(**_LONG_MASKED_TILES[head_dim])
         long_plain = not windowed and (seqlen is None or seqlen >= LONG_PLAIN_SEQLEN)
         if long_plain and head_dim in _LONG_PLAIN_TILES:
             config = config.replace(**_LONG_PLAIN_TILES[head_dim])
