@@ -175,8 +175,8 @@ _WGMMA_TILES: dict[tuple[int, bool], dict[str, object]] = {
     # +2.3 %). From 8k it keeps B_c 80 (``_LONG_PLAIN_TILES``).
     (256, False): {"block_n": 64, "kv_stages": 2, **_NO_TURNS_RESCALE_FIRST, **_LAZY,
                    **_PERSISTENT},
-    # Masked hd256 at B_c 64, not 80 (fifty-third session, H200, causal, 16k tokens, end to
-    # end (device only), B_c 80 -> 64): bf16 2k 567 (625) -> 576 (631), 3k 610 (650) -> 614
+    # Masked hd256 at B_c 64, not 80 (fifty-third session, H200, causal, batch 4 x 16 heads,
+    # end to end (device only), B_c 80 -> 64): bf16 2k 567 (625) -> 576 (631), 3k 610 (650) -> 614
     # (664), 4k 660 (681) -> 663 (685), 8k 721 (742) -> 723 (746), 16k 767 (771) -> 780 (790);
     # fp16 2k 532 (602) -> 542 (615), 3k 586 (644) -> 594 (654), 4k 636 (655) -> 646 (662), 8k
     # 702 (706) -> 698 (710), 16k 745 (750) -> 758 (770): a 128-row tile's diagonal crosses
@@ -257,14 +257,14 @@ MID_MASKED_SEQLEN = 2048
 #: (docs/ladder.md). Sliding windows take it too (their tests pass; not timed). hd192's and
 #: hd256's tiles have it at every length (``_LAZY``).
 #: hd128's masked tile there also drops the warpgroups' turns and rescales O under the next
-#: S = Q K^T (``_NO_TURNS_RESCALE_FIRST``; fifty-third session, H200, causal, 16k tokens, end
-#: to end (device only), default -> it): bf16 2k 539 (572) -> 549 (573), 3k 580 (635) -> 588
-#: (639), 4k 605 (658) -> 615 (664); fp16 2k 507 (546) -> 518 (551), 3k 545 (603) -> 562 (615),
-#: 4k 566 (598) -> 581 (616) (fifty-second session, 4k: bf16 595 (649) -> 606 (655), fp16 562
-#: (615) -> 577 (628) and 524 (533) -> 548 (550)). On the one-CTA tile from the 8k bucket it
-#: lost: bf16 6k 614 (637) -> 569 (593), 8k 636 (654) -> 592 (607), 16k 676 (681) -> 630
-#: (630); fp16 -1 to -1.6 %. (The thirty-third session's -1.1 to -3.7 % under a mask was the
-#: turns dropped alone.)
+#: S = Q K^T (``_NO_TURNS_RESCALE_FIRST``; fifty-third session, H200, causal, batch 4 x 16
+#: heads, end to end (device only), default -> it): bf16 2k 539 (572) -> 549 (573), 3k 580
+#: (635) -> 588 (639), 4k 605 (658) -> 615 (664); fp16 2k 507 (546) -> 518 (551), 3k 545 (603)
+#: -> 562 (615), 4k 566 (598) -> 581 (616) (fifty-second session, 4k: bf16 595 (649) -> 606
+#: (655), fp16 562 (615) -> 577 (628) and 524 (533) -> 548 (550)). On the one-CTA tile from
+#: the 8k bucket it lost: bf16 6k 614 (637) -> 569 (593), 8k 636 (654) -> 592 (607), 16k 676
+#: (681) -> 630 (630); fp16 -1.1 to -1.6 %. (The thirty-third session's -1.1 to -3.7 % under a
+#: mask was the turns dropped alone.)
 _LONG_MASKED_TILES: dict[int, dict[str, object]] = {
     64: _LAZY, 128: {**_LAZY, **_NO_TURNS_RESCALE_FIRST}}
 MAX_IMBALANCE = 1.05
