@@ -20,6 +20,8 @@
 #   lateprof hd64 causal 16k: ncu (with stall samples) of the default and of the same with
 #            late_o_addresses, FA4 beside (the late build drops the default's spills and waits
 #            later for P V, yet measured 3 % slower: thirty-seventh session)
+#   dtypeprof  ncu (with stall samples and the SM clock) of the default and FA4 in bf16 and
+#            fp16 at hd64 plain 4k and hd128 causal 4k: where fp16's extra 2-4 % goes
 #   power    clocks, power and energy per call while attnlab, FA4 and cuDNN (and the 8192^3
 #            matrix product, cuBLAS and ours) run back to back alone (scripts/power_probe.py:
 #            why end to end sits under device only; later arguments go to it)
@@ -188,6 +190,18 @@ PY
     for name in default late_o; do
       attnlab profile "$OUT/$name.json" --shape 1,16384,16384,32,64 --causal --stalls \
         --peers fa4 --out "$OUT/lateprof-$name"
+    done
+    ;;
+  dtypeprof)
+    # fp16 against bf16: our kernels lose 4-6 % device only from bf16 to fp16 at hd64 plain 4k
+    # and hd128 causal 2k-4k, FA4 0-3 % (fifty-second and fifty-third sessions); the static
+    # SASS of both types has the same MMAs, exponentials and FMAs. ncu with stall samples of
+    # the default and FA4 in both types, the SM clock beside each (clocks left as found).
+    for dtype in bf16 fp16; do
+      attnlab profile default --shape 4,4096,4096,32,64 --dtype "$dtype" --stalls \
+        --peers fa4 --out "$OUT/dtypeprof-hd64-$dtype"
+      attnlab profile default --shape 4,4096,4096,16,128 --causal --dtype "$dtype" --stalls \
+        --peers fa4 --out "$OUT/dtypeprof-hd128-causal-$dtype"
     done
     ;;
   power)

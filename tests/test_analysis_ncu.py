@@ -34,10 +34,12 @@ def test_parse_raw_csv_without_rows():
 def test_derived_cross_checks():
     profile = KernelProfile("attnlab", "k", {
         "bank_conflicts_ld": 50.0, "wavefronts_ld": 1000.0,
-        "l2_to_l1_read_bytes": 1024.0 * 512, "ldgsts_instructions": 1024.0})
+        "l2_to_l1_read_bytes": 1024.0 * 512, "ldgsts_instructions": 1024.0,
+        "sm_cycles_elapsed": 1.98e6, "duration_ns": 1.1e6})
     out = derived(profile)
     assert out["ld_conflict_share_pct"] == pytest.approx(5.0)
     assert out["l2_bytes_per_ldgsts_byte"] == pytest.approx(1.0)
+    assert out["sm_clock_mhz"] == pytest.approx(1800.0)
     assert derived(KernelProfile("x", "k", {"wavefronts_ld": "n/a"})) == {}
 
 

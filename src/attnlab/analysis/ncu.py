@@ -25,6 +25,9 @@ METRIC_SETS: dict[str, dict[str, str]] = {
     "time": {
         "duration_ns": "gpu__time_duration.sum",
         "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+        # With the clocks left as found, a kernel that draws more power may run slower
+        # clocks: its SM clock is these cycles over the duration (``derived``).
+        "sm_cycles_elapsed": "sm__cycles_elapsed.avg",
     },
     # A causal grid's tail: SMs idle while the last CTAs run show as avg well below max.
     "balance over SMs": {
@@ -169,6 +172,9 @@ def derived(p: KernelProfile) -> dict[str, float]:
         # Each warp-level cp.async moves 16 B x 32 lanes; bypassing L1 (.cg), all of it must
         # come from L2, whatever the L1 hit-rate ratio metric says (seed 004, Observation Z).
         out["l2_bytes_per_ldgsts_byte"] = l2_bytes / (ldgsts * 512)
+    cycles, duration = num("sm_cycles_elapsed"), num("duration_ns")
+    if cycles is not None and duration:
+        out["sm_clock_mhz"] = 1e3 * cycles / duration
     busy_avg, busy_max = num("sm_active_cycles_avg"), num("sm_active_cycles_max")
     if busy_avg is not None and busy_max:
         # 100 when every SM works until the last one finishes.
