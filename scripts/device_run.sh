@@ -21,7 +21,7 @@
 #            late_o_addresses, FA4 beside (the late build drops the default's spills and waits
 #            later for P V, yet measured 3 % slower: thirty-seventh session)
 #   dtypeprof  ncu (with stall samples and the SM clock) of the default and FA4 in bf16 and
-#            fp16 at hd64 plain 4k and hd128 causal 4k: where fp16's extra 2-4 % goes
+#            fp16 at hd64 plain 4k and hd128 causal 4k: where fp16's extra 1.4-4.2 % goes
 #   power    clocks, power and energy per call while attnlab, FA4 and cuDNN (and the 8192^3
 #            matrix product, cuBLAS and ours) run back to back alone (scripts/power_probe.py:
 #            why end to end sits under device only; later arguments go to it)
@@ -193,8 +193,8 @@ PY
     done
     ;;
   dtypeprof)
-    # fp16 against bf16: our kernels lose 4-6 % device only from bf16 to fp16 at hd64 plain 4k
-    # and hd128 causal 2k-4k, FA4 0-3 % (fifty-second and fifty-third sessions); the static
+    # fp16 against bf16: our kernels lose 3.8-6.0 % device only from bf16 to fp16 at hd64 plain
+    # 4k and hd128 causal 2k-4k, FA4 1.8-2.7 % (fifty-second and fifty-third sessions); the static
     # SASS of both types has the same MMAs, exponentials and FMAs. ncu with stall samples of
     # the default and FA4 in both types, the SM clock beside each (clocks left as found).
     for dtype in bf16 fp16; do
