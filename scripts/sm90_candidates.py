@@ -113,8 +113,9 @@ for _head_dim in (32, 64):
 VARIANTS[64]["bc128"] = {"block_n": 128, "fence_p": False}
 #: hd256 causal at 2k, where the short masked tile (B_c 64) beat the long one (B_c 80) under
 #: one-sided bands a causal mask in effect (+2.3 / +3.9 %, fifty-second session, H200): that
-#: tile's knobs (B_c 64 with the turns) on the default's grid, B_c 64 without the turns (masked, and unmasked below 8k, the default
-#: since the fifty-third session), and the tile before it (B_c 80).
+#: tile's knobs (B_c 64 with the turns) on the default's grid, B_c 64 without the turns
+#: (masked, and unmasked below 8k, the default since the fifty-third session), and the tile
+#: before it (B_c 80).
 VARIANTS[256].update(short_masked_tile=dict(SM90A_SHORT_MASKED_KNOBS[256]),
                      bc64={"block_n": 64, "fence_p": False},
                      bc80={"block_n": 80, "fence_p": True})
