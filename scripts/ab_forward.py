@@ -3,9 +3,10 @@ of two source trees (an older commit unpacked beside this one, then this one), e
 process, each normalised by cuDNN from the same process.
 
 Usage (GPU): PYTHONPATH=OLD/src python scripts/ab_forward.py --label old --out DIR
-[--points 64:4096,32:4096] [--runs 20]. Points are head_dim:seqlen, causal, bf16, batch 4 x 16
-heads; the table goes to stdout, the numbers to OUT/ab_<label>.json. Only the bench runner's
-API that both trees share is used, so an older tree runs it unchanged.
+[--points 64:4096,32:4096:plain:float16] [--runs 20]. Points are head_dim:seqlen[:mask[:dtype]]
+(mask causal or plain, causal if left out; dtype bfloat16 if left out), batch 4 x 16 heads;
+the table goes to stdout, the numbers to OUT/ab_<label>.json. Only the bench runner's API
+that both trees share is used, so an older tree runs it unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from attnlab.kernels.abi import ForwardSpec
 from attnlab.policy import default_for
 
 
+def parse_point(text: str) -> Point:
+    """``head_dim:seqlen[:causal|plain[:dtype]]`` at batch 4 x 16 heads."""
+    head_dim, seqlen, *rest = text.split(":")
+    mask = rest[0] if rest else "causal"
+    if mask not in ("causal", "plain"):
+        raise SystemExit(f"mask {mask!r} in {text!r}: causal or plain")
+    dtype = rest[1] if len(rest) > 1 else "bfloat16"
+    return Point(4, int(seqlen), int(seqlen), 16, int(head_dim), dtype, mask == "causal")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--label", required=True)
@@ -29,10 +40,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--points", default="32:4096,64:4096,96:4096,192:4096,64:8192")
     args = parser.parse_args()
-    points = [Point(4, int(s), int(s), 16, int(h), "bfloat16", True)
-              for h, s in (p.split(":") for p in args.points.split(","))]
-    configs = [default_for("sm_90a", p.head_dim, True, seqlen=p.seqlen_q) for p in points]
-    kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, True)
+    points = [parse_point(p) for p in args.points.split(",")]
+    configs = [default_for("sm_90a", p.head_dim, p.causal, dtype=p.dtype, seqlen=p.seqlen_q)
+               for p in points]
+    kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p, cfg in zip(points, configs, strict=True)], jobs=16)
     cudnn = available_peers()["sdpa_cudnn"]
     rows = []

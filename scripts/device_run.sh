@@ -42,9 +42,10 @@
 #            delivered, bytes into the SMs
 #   narrow   the three-warpgroup masked tiles at narrower K/V blocks (hd32/64/96, causal 4k)
 #   ladder   attnlab ladder, bf16 and fp16 (k01..k16, lab variants, Hopper steps)
-#   ab REV   the forward's default against cuDNN at the one-CTA-per-tile masked points, with the
-#            source tree in .ab/REV (git archive REV src | tar -x -C .ab/REV, carried) and with
-#            this one, each in its own process and kernel cache, twice (scripts/ab_forward.py)
+#   ab REV [ARGS]  the forward's default against cuDNN at the one-CTA-per-tile masked points
+#            (or ARGS' --points, e.g. 64:4096:plain:float16), with the source tree in .ab/REV
+#            (git archive REV src | tar -x -C .ab/REV, carried) and with this one, each in its
+#            own process and kernel cache, twice (scripts/ab_forward.py)
 #   hopper   attnlab ladder --family sm90 at hd64 and hd128 (the wgmma kernel's steps, FA4, cuDNN)
 #   gemmcand the GEMM and conv GPU tests, then scripts/gemm_candidates.py with ARGS
 #            (e.g. --shapes 512x512x4096 --tiles 64x64x128 --splits 1,2)

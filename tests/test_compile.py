@@ -8,7 +8,7 @@ import re
 import pytest
 
 from attnlab import ladder, policy
-from attnlab.analysis.overlap import softmax_order
+from attnlab.analysis.overlap import kv_loops, softmax_order
 from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_config
@@ -560,7 +560,7 @@ def test_wgmma_overlap_and_pingpong_schedules(head_dim, windowed, artifact_dir):
 
 def test_overlap_and_pingpong_are_wgmma_knobs():
     for knob in ("intra_wg_overlap", "pingpong", "fence_p", "rescale_o_before_pv",
-                 "lazy_rescale", "correction_first"):
+                 "lazy_rescale", "correction_first", "try_wait_first"):
         with pytest.raises(ConfigError, match="need wgmma"):
             ladder.k07.replace(**{knob: True})
     with pytest.raises(ConfigError, match="need wgmma"):
@@ -604,6 +604,29 @@ def test_fence_p_issues_each_p_v_gemm_as_one_group(head_dim, block_n, windowed, 
     assert ops[True]["WARPGROUP"] == 2 * 2 * copies  # an ARRIVE and a DEPBAR per GEMM
     assert ops[False]["WARPGROUP"] > ops[True]["WARPGROUP"]
     assert ops[True]["PRMT"] < ops[False]["PRMT"]
+
+
+@pytest.mark.parametrize(("head_dim", "windowed", "seqlen"),
+                         [(64, False, 4096), (128, True, 2048)], ids=["hd64", "hd128_masked"])
+def test_fp16_defaults_keep_the_waits_retry_out_of_the_kv_loop(head_dim, windowed, seqlen,
+                                                                artifact_dir):
+    """The fp16 defaults at hd64 and hd128 try a ring stage once before they wait
+    (``try_wait_first``): no K/V loop of theirs holds the waiting loop's retry (its sleep),
+    as none of the bf16 builds' does. Without the try, ptxas lays that retry out inside the
+    fp16 K/V loops (fifty-fourth session)."""
+    config = policy.default_for("sm_90a", head_dim, windowed, "float16", seqlen=seqlen)
+    assert config.try_wait_first
+    assert not policy.default_for("sm_90a", head_dim, windowed, seqlen=seqlen).try_wait_first
+    for try_first in (True, False):
+        art = compile_config(config.replace(try_wait_first=try_first), "sm_90a",
+                             dtype="float16", head_dim=head_dim, windowed=windowed,
+                             out_dir=artifact_dir)
+        text = disassemble(art.cubin)
+        assert not read_resources(art.cubin, text).spills
+        loops = kv_loops(text)
+        assert len(loops) == (3 if windowed else 2)
+        sleeps = [sum(i.base == "NANOSLEEP" for i in body) for body in loops]
+        assert sleeps == [0] * len(loops) if try_first else min(sleeps) > 0, sleeps
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -44,7 +44,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     none; a wgmma tile's neighbours are its ring depths, schedules and grids (without a mask
     also the persistent walk in clusters of two), within shared memory, at a B_c that is not
     a power of two ``fence_p`` too, under a mask both tile orders, and the tile itself with
-    the other ``lazy_rescale`` and the other ``correction_first``."""
+    the other ``lazy_rescale``, the other ``correction_first`` and the other
+    ``try_wait_first``."""
     hopper, ampere = search_space(arch="sm_90a"), search_space()
     assert not any(c.wgmma for c in ampere)
     wgmma = [c for c in hopper if c.wgmma]
@@ -57,10 +58,12 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     # Three ring depths, each schedule, three grids; and the tile with lazy rescaling, with
-    # the row sums in the other order and with the other count of Q buffers.
+    # the row sums in the other order, with the other count of Q buffers and waiting for a
+    # stage by a try first.
     assert tall.replace(q_stages=3 - tall.q_stages) in around
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 3
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 4
     assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
+    assert [c for c in around if c.try_wait_first] == [tall.replace(try_wait_first=True)]
     assert [c for c in around if c.intra_wg_overlap
             and c.correction_first != tall.correction_first] == [
         tall.replace(correction_first=not tall.correction_first)]
@@ -73,7 +76,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     hd192 = policy.default_for("sm_90a", 192)
     wide = [c for c in knob_neighbours(hd192, "sm_90a", 192)
             if c.lazy_rescale == hd192.lazy_rescale
-            and c.correction_first == hd192.correction_first]
+            and c.correction_first == hd192.correction_first
+            and c.try_wait_first == hd192.try_wait_first]
     assert {c.fence_p for c in wide} == {False, True}
     # Its lazy rescaling needs the overlap: the schedules without one rescale every block.
     plain_walks = [c for c in knob_neighbours(hd192, "sm_90a", 192) if not c.intra_wg_overlap]
@@ -81,7 +85,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     assert len(wide) == 2 * len({c.replace(fence_p=False) for c in wide})
     masked = [c for c in knob_neighbours(policy.default_for("sm_90a", 64, True), "sm_90a", 64,
                                          True)
-              if not (c.lazy_rescale or c.correction_first or c.q_stages > 1)]
+              if not (c.lazy_rescale or c.correction_first or c.try_wait_first
+                      or c.q_stages > 1)]
     assert {(c.lpt, c.l2_section_mb) for c in masked} == {(False, 40), (True, 40), (True, 16)}
     assert {(c.persistent, c.dynamic_tiles, c.cluster_m) for c in masked} == {
         (False, False, 1), (True, False, 1), (True, True, 1)}

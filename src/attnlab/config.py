@@ -170,6 +170,12 @@ class FlashConfig:
             of P's exponentials (the ``MUFU`` queue is in order) and O's rescale after the P
             V wait runs under them; otherwise it waits for the last exponential and the
             D / 2 multiplies end the loop body (docs/ladder.md, forty-seventh session).
+        try_wait_first: (wgmma) the consumer warpgroups wait for a ring stage's data by one
+            non-blocking try first (``consumer_try_wait``, as FA4 does), entering the waiting
+            loop only where it fails, instead of the waiting loop straight away. Where ptxas
+            lays the plain loop's retry (a sleep and a second try) out inline in the K/V
+            loop, as in the fp16 builds at hd64 and hd128, the try first moves it out of the
+            loop body, as every bf16 build has it (docs/ladder.md, fifty-fourth session).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
@@ -228,6 +234,7 @@ class FlashConfig:
     late_o_addresses: bool = False
     lazy_rescale: bool = False
     correction_first: bool = False
+    try_wait_first: bool = False
     lpt: bool = False
     l2_section_mb: int = L2_SECTION_MB
     dynamic_tiles: bool = False
@@ -310,11 +317,11 @@ class FlashConfig:
             self._check_wgmma()
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
               or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
-              or self.lazy_rescale or self.correction_first or self.cluster_m != 1
-              or self.q_stages != 1):
+              or self.lazy_rescale or self.correction_first or self.try_wait_first
+              or self.cluster_m != 1 or self.q_stages != 1):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
                               "dynamic_tiles, late_o_addresses, lazy_rescale, "
-                              "correction_first, cluster_m and q_stages "
+                              "correction_first, try_wait_first, cluster_m and q_stages "
                               "schedule the warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
@@ -401,8 +408,8 @@ class FlashConfig:
                 flags.append("opt_softmax")
             flags += [name for name in ("intra_wg_overlap", "pingpong", "fence_p",
                                         "rescale_o_before_pv", "late_o_addresses",
-                                        "lazy_rescale", "correction_first", "persistent",
-                                        "dynamic_tiles")
+                                        "lazy_rescale", "correction_first",
+                                        "try_wait_first", "persistent", "dynamic_tiles")
                       if getattr(self, name)]
             flags += self._lpt_flags()
             if self.cluster_m > 1:

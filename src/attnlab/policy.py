@@ -126,6 +126,21 @@ _LAZY = {"lazy_rescale": True}
 #: the short masked tiles (hd128 1k -1 %); hd192 and hd256, whose loop bodies barely change,
 #: untimed.
 _CORRECTION_FIRST = {"correction_first": True}
+#: The head dims whose fp16 defaults wait for a ring stage by one try first
+#: (``try_wait_first``). The fp16 builds of their defaults (hd64 unmasked below 8k, short
+#: masked and short K/V; hd128 unmasked, masked below 8k and short K/V) lay the waiting
+#: loop's retry (a sleep and a second try) out inline in the K/V loop, where the bf16 builds
+#: of the same configs, and every build at the other head dims, keep it out of the loop
+#: (CPU SASS, fifty-fourth session): the fp16 hd64 plain 4k kernel ran 3.1 % more cycles than
+#: the bf16 one (FA4 the same in both), its extra stall samples on those sleeps (ncu, H200).
+#: Measured that session (H200, batch 4 x 16 heads, device only, ratio to cuDNN in the same
+#: process, old tree -> this, two rounds): fp16 hd64 plain 4k 1.116 / 1.124 -> 1.133 /
+#: 1.130, hd128 causal 4k 1.145 / 1.144 -> 1.160 / 1.162, hd128 plain 16k 1.104 / 1.113 ->
+#: 1.121 / 1.120; where the retry was already out of the loop, even (fp16 hd64 causal 4k
+#: 1.091 / 1.091 -> 1.090 / 1.097, hd256 plain 8k 1.150 / 1.154 -> 1.154 / 1.152). Not bf16:
+#: hd64 plain 4k 1.162 / 1.159 -> 1.143 / 1.143, hd192 plain 4k even, hd128 causal 4k +1.0 to
+#: +1.3 % (its build has no inline retry to remove).
+_FP16_WAITS_HEAD_DIMS = (64, 128)
 #: FA4's order of a loop body under a mask, at hd64: the row sums from the corrected old
 #: sums, O rescaled after P V, the epilogue's addresses built after the loop (in the CPU
 #: builds the P V wait comes after 10-26 of the exponentials at 16k, 11-12 at 1k, and none
@@ -382,28 +397,37 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
     if arch == "sm_90a":
-        limit = LONG_MASKED_PACKED_SEQLEN if varlen else LONG_MASKED_SEQLEN
-        short = windowed and seqlen is not None and seqlen < limit
-        if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
-            config = HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
-            return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
-        config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
-        dense_masked = windowed and not varlen and seqlen is not None
-        if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
-            config = config.replace(**_MID_MASKED_TILES[head_dim])
-        very_long = dense_masked and seqlen >= VERY_LONG_MASKED_SEQLEN
-        if very_long and head_dim in _VERY_LONG_MASKED_TILES:
-            config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
-        long = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
-        if long and head_dim in _LONG_MASKED_TILES:
-            config = config.replace(**_LONG_MASKED_TILES[head_dim])
-        long_plain = not windowed and (seqlen is None or seqlen >= LONG_PLAIN_SEQLEN)
-        if long_plain and head_dim in _LONG_PLAIN_TILES:
-            config = config.replace(**_LONG_PLAIN_TILES[head_dim])
-        if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
-            config = config.replace(**_SHORT_KV_TILE)
-        return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
+        config = _wgmma_default(head_dim, windowed, varlen, seqlen, short_kv)
+        if dtype == "float16" and head_dim in _FP16_WAITS_HEAD_DIMS:
+            config = config.replace(try_wait_first=True)
+        return config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
+
+
+def _wgmma_default(head_dim: int, windowed: bool, varlen: bool, seqlen: int | None,
+                   short_kv: bool) -> FlashConfig:
+    """``default_for``'s sm_90a config before its dtype's knobs."""
+    limit = LONG_MASKED_PACKED_SEQLEN if varlen else LONG_MASKED_SEQLEN
+    short = windowed and seqlen is not None and seqlen < limit
+    if short and head_dim in SM90A_SHORT_MASKED_KNOBS:
+        config = HOPPER_STEPS["wgmma"].replace(**SM90A_SHORT_MASKED_KNOBS[head_dim])
+        return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
+    config = HOPPER_STEPS["wgmma"].replace(**SM90A_WGMMA_KNOBS[head_dim, windowed])
+    dense_masked = windowed and not varlen and seqlen is not None
+    if dense_masked and seqlen <= MID_MASKED_SEQLEN and head_dim in _MID_MASKED_TILES:
+        config = config.replace(**_MID_MASKED_TILES[head_dim])
+    very_long = dense_masked and seqlen >= VERY_LONG_MASKED_SEQLEN
+    if very_long and head_dim in _VERY_LONG_MASKED_TILES:
+        config = config.replace(**_VERY_LONG_MASKED_TILES[head_dim])
+    long = dense_masked and LONG_MASKED_SEQLEN <= seqlen < VERY_LONG_MASKED_SEQLEN
+    if long and head_dim in _LONG_MASKED_TILES:
+        config = config.replace(**_LONG_MASKED_TILES[head_dim])
+    long_plain = not windowed and (seqlen is None or seqlen >= LONG_PLAIN_SEQLEN)
+    if long_plain and head_dim in _LONG_PLAIN_TILES:
+        config = config.replace(**_LONG_PLAIN_TILES[head_dim])
+    if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
+        config = config.replace(**_SHORT_KV_TILE)
+    return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
 
 
 def paired_row_blocks(config: FlashConfig, head_dim: int, seqlen_q: int) -> FlashConfig:

@@ -68,13 +68,12 @@ def labels(sass_text: str) -> dict[str, int]:
     return found
 
 
-def main_loop(instructions: list[Instruction], branch_labels: dict[str, int]
-              ) -> list[Instruction]:
-    """The body of the loop (a backward branch's address range) with the most LDGSTS, LDSM
-    and HMMA instructions; empty without a loop. ``branch_labels``: :func:`labels`."""
+def loop_bodies(instructions: list[Instruction], branch_labels: dict[str, int]
+                ) -> list[list[Instruction]]:
+    """The body of every loop: each backward branch's address range, from its target to the
+    branch, in the branches' order. ``branch_labels``: :func:`labels`."""
     by_address = {i.address: n for n, i in enumerate(instructions)}
-    best: list[Instruction] = []
-    best_count = 0
+    bodies = []
     for n, instr in enumerate(instructions):
         if instr.base != "BRA":
             continue
@@ -82,9 +81,18 @@ def main_loop(instructions: list[Instruction], branch_labels: dict[str, int]
         if target is None or target.group(1) not in branch_labels:
             continue
         start = by_address.get(branch_labels[target.group(1)])
-        if start is None or start > n:
-            continue
-        body = instructions[start:n + 1]
+        if start is not None and start <= n:
+            bodies.append(instructions[start:n + 1])
+    return bodies
+
+
+def main_loop(instructions: list[Instruction], branch_labels: dict[str, int]
+              ) -> list[Instruction]:
+    """The body of the loop (a backward branch's address range) with the most LDGSTS, LDSM
+    and HMMA instructions; empty without a loop. ``branch_labels``: :func:`labels`."""
+    best: list[Instruction] = []
+    best_count = 0
+    for body in loop_bodies(instructions, branch_labels):
         count = sum(1 for i in body if i.base in CONSUMERS)
         if count > best_count:
             best, best_count = body, count

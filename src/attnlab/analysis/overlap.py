@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnlab.analysis.sass import parse
+from attnlab.analysis.dependencies import labels, loop_bodies
+from attnlab.analysis.sass import Instruction, parse
 
 _WAIT = "WARPGROUP.DEPBAR.LE"
 
@@ -61,3 +62,20 @@ def softmax_order(sass_text: str) -> SoftmaxOrder:
         elif instr.base == "FMUL" and stretch is not None:
             stretch.append("FMUL")
     return SoftmaxOrder(before, after)
+
+
+def kv_loops(sass_text: str) -> list[list[Instruction]]:
+    """The K/V loops of a warpgroup-MMA kernel (``nvdisasm -c`` text): the loops with wgmmas
+    and exponentials that hold no other such loop (not the tile loop around them) and no
+    ``EXIT`` (not the spans from a wait's retry, laid out past the kernel's end, back into
+    the code). A waiting loop's retry laid out inside a K/V loop is part of its body."""
+    bodies = [body for body in loop_bodies(parse(sass_text), labels(sass_text))
+              if any(i.base == "HGMMA" for i in body)
+              and any(i.opcode.startswith("MUFU.EX2") for i in body)
+              and not any(i.base == "EXIT" for i in body)]
+
+    def holds(outer: list[Instruction], inner: list[Instruction]) -> bool:
+        return (outer is not inner and outer[0].address <= inner[0].address
+                and inner[-1].address <= outer[-1].address)
+
+    return [body for body in bodies if not any(holds(body, other) for other in bodies)]

@@ -86,7 +86,7 @@ from attnlab.kernels.common.tensors import sequence_rows
 from attnlab.kernels.common.tile_scheduler import TileScheduler, cluster_rank, count_out
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
-from attnlab.kernels.sm90.wgmma import uniform_stage, wgmma_gemm
+from attnlab.kernels.sm90.wgmma import uniform_stage, wait_full, wgmma_gemm
 
 #: Threads that meet at a ping-pong turn barrier: the warpgroup whose turn it is and the one
 #: that hands it over.
@@ -358,7 +358,7 @@ class FlashForwardSm90(ForwardKernel):
         read once Q has landed, until the producer's tile past the last."""
 
         def receive(states):
-            q_pipe.consumer_wait(states[0])
+            wait_full(q_pipe, states[0], self.cfg.try_wait_first)
             return slots[states[0].count % self._tile_slots()], states
 
         scheduler.take_each_tile(consume, states, receive)
@@ -479,7 +479,7 @@ class FlashForwardSm90(ForwardKernel):
         q_state, state = states
         if tile.has_rows:
             if cutlass.const_expr(not waited):
-                pipes[0].consumer_wait(q_state)
+                wait_full(pipes[0], q_state, self.cfg.try_wait_first)
             q_state, state = self._consume_rows(tile, ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
                                                 sV, pipes, o_store, mLSE, softmax_scale,
                                                 window_left, window_right, q_state, state)
@@ -576,7 +576,7 @@ class FlashForwardSm90(ForwardKernel):
         softmax.update(acc_S, acc_O)
         rP = cute.make_fragment_like(acc_S, self.dtype)
         self._convert_p(acc_S, rP)
-        pipes[1].consumer_wait(state)
+        wait_full(pipes[1], state, self.cfg.try_wait_first)
         wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, uniform_stage(state)], zero_init=False)
         pipes[1].consumer_release(state)
@@ -604,7 +604,7 @@ class FlashForwardSm90(ForwardKernel):
         rP = cute.make_rmem_tensor(s_shape, self.dtype)
         corrections = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
         acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        pipes[0].consumer_wait(state)
+        wait_full(pipes[0], state, self.cfg.try_wait_first)
         wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
                    zero_init=True)
         pipes[0].consumer_release(state)
@@ -632,7 +632,7 @@ class FlashForwardSm90(ForwardKernel):
                                                             *blocks, masked=False)
         if cutlass.const_expr(cfg.rescale_o_before_pv):
             softmax.rescale_o(acc_O, corrections)
-        pipes[1].consumer_wait(v_state)
+        wait_full(pipes[1], v_state, self.cfg.try_wait_first)
         wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, uniform_stage(v_state)], zero_init=False)
         pipes[1].consumer_release(v_state)
@@ -654,7 +654,7 @@ class FlashForwardSm90(ForwardKernel):
         acc_S = self._start_s(state, mma_qk, thr_qk, tSrQ, tSrK, pipes, wg)
         if cutlass.const_expr(cfg.rescale_o_before_pv):
             softmax.rescale_o(acc_O, corrections)
-        pipes[1].consumer_wait(v_state)
+        wait_full(pipes[1], v_state, self.cfg.try_wait_first)
         wgmma_gemm(mma_pv, acc_O, acc_as_wgmma_operand_a(rP),
                    tOrV[None, None, None, uniform_stage(v_state)], zero_init=False, wait=False)
         self._turn_end(wg)
@@ -686,7 +686,7 @@ class FlashForwardSm90(ForwardKernel):
         for): the S accumulator."""
         acc_S = cute.make_rmem_tensor(
             thr_qk.partition_shape_C((self.cfg.block_m, self.cfg.block_n)), cutlass.Float32)
-        pipes[0].consumer_wait(state)
+        wait_full(pipes[0], state, self.cfg.try_wait_first)
         self._turn_begin(wg)
         wgmma_gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, uniform_stage(state)],
                    zero_init=True, wait=False)

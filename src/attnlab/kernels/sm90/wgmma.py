@@ -30,6 +30,13 @@ def uniform_stage(state) -> cutlass.Int32:
     return cute.arch.make_warp_uniform(state.index)
 
 
+def wait_full(pipe, state, try_first: bool) -> None:
+    """Wait until ring stage ``state`` of ``pipe`` holds its data; ``try_first``: one
+    non-blocking try, and the waiting loop only where that fails
+    (``FlashConfig.try_wait_first``)."""
+    pipe.consumer_wait(state, pipe.consumer_try_wait(state) if try_first else None)
+
+
 def smem_descriptor(fragment: cute.Tensor) -> cutlass.Int64:
     """The 64-bit shared-memory matrix descriptor at the start of a wgmma operand fragment (a
     slice of ``make_fragment_A`` / ``make_fragment_B`` of a shared-memory stage): what an
