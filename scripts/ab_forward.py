@@ -30,6 +30,8 @@ def parse_point(text: str) -> Point:
     if mask not in ("causal", "plain"):
         raise SystemExit(f"mask {mask!r} in {text!r}: causal or plain")
     dtype = rest[1] if len(rest) > 1 else "bfloat16"
+    if dtype not in ("bfloat16", "float16"):
+        raise SystemExit(f"dtype {dtype!r} in {text!r}: bfloat16 or float16")
     return Point(4, int(seqlen), int(seqlen), 16, int(head_dim), dtype, mask == "causal")
 
 

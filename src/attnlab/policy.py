@@ -392,7 +392,8 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     with one Q buffer, hd256 B_c 80);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
-    counter (``packed_walk``); otherwise
+    counter (``packed_walk``); fp16 at hd64 and hd128 waits for a ring stage by a try first
+    (``_FP16_WAITS_HEAD_DIMS``); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
