@@ -126,21 +126,6 @@ _LAZY = {"lazy_rescale": True}
 #: the short masked tiles (hd128 1k -1 %); hd192 and hd256, whose loop bodies barely change,
 #: untimed.
 _CORRECTION_FIRST = {"correction_first": True}
-#: The head dims whose fp16 defaults wait for a ring stage by one try first
-#: (``try_wait_first``). The fp16 builds of their defaults (hd64 unmasked below 8k, short
-#: masked and short K/V; hd128 unmasked, masked below 8k and short K/V) lay the waiting
-#: loop's retry (a sleep and a second try) out inline in the K/V loop, where the bf16 builds
-#: of the same configs, and every build at the other head dims, keep it out of the loop
-#: (CPU SASS, fifty-fourth session): the fp16 hd64 plain 4k kernel ran 3.1 % more cycles than
-#: the bf16 one (FA4 the same in both), its extra stall samples on those sleeps (ncu, H200).
-#: Measured that session (H200, batch 4 x 16 heads, device only, ratio to cuDNN in the same
-#: process, old tree -> this, two rounds): fp16 hd64 plain 4k 1.116 / 1.124 -> 1.133 /
-#: 1.130, hd128 causal 4k 1.145 / 1.144 -> 1.160 / 1.162, hd128 plain 16k 1.104 / 1.113 ->
-#: 1.121 / 1.120; where the retry was already out of the loop, even (fp16 hd64 causal 4k
-#: 1.091 / 1.091 -> 1.090 / 1.097, hd256 plain 8k 1.150 / 1.154 -> 1.154 / 1.152). Not bf16:
-#: hd64 plain 4k 1.162 / 1.159 -> 1.143 / 1.143, hd192 plain 4k even, hd128 causal 4k +1.0 to
-#: +1.3 % (its build has no inline retry to remove).
-_FP16_WAITS_HEAD_DIMS = (64, 128)
 #: FA4's order of a loop body under a mask, at hd64: the row sums from the corrected old
 #: sums, O rescaled after P V, the epilogue's addresses built after the loop (in the CPU
 #: builds the P V wait comes after 10-26 of the exponentials at 16k, 11-12 at 1k, and none
@@ -392,17 +377,41 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
     with one Q buffer, hd256 B_c 80);
     unmasked with at most ``SHORT_KV_SEQLEN`` keys (``short_kv``) at hd64/128, one 80-key
     block); packed sequences (``varlen``) on a persistent walk draw their tiles from the
-    counter (``packed_walk``); fp16 at hd64 and hd128 waits for a ring stage by a try first
-    (``_FP16_WAITS_HEAD_DIMS``); otherwise
+    counter (``packed_walk``); fp16 on the static persistent walk with Q in two buffers waits
+    for a ring stage by a try first (``_fp16_waits_first``); otherwise
     ``mma_sync_default_for``. (``windowed``: causal or sliding-window attention; ``dtype``:
     ``"bfloat16"`` or ``"float16"``; ``varlen``: packed sequences; ``seqlen``: the (longest)
     query length, None for long.)"""
     if arch == "sm_90a":
         config = _wgmma_default(head_dim, windowed, varlen, seqlen, short_kv)
-        if dtype == "float16" and head_dim in _FP16_WAITS_HEAD_DIMS:
+        if dtype == "float16" and _fp16_waits_first(config):
             config = config.replace(try_wait_first=True)
         return config
     return mma_sync_default_for(arch, head_dim, windowed, dtype, varlen)
+
+
+# fp16 defaults on the static persistent walk with Q in two buffers wait for a ring stage by
+# one try first (``try_wait_first``). The fp16 builds of those configs (hd64 unmasked below
+# 8k and its short masked tile, hd128 unmasked and masked below 8k, hd128's short K/V tile)
+# lay the waiting loop's retry (a sleep and a second try) out inline in the K/V loop, where
+# the bf16 builds of the same configs, and every build on the counter or with one Q buffer,
+# keep it out of the loop (CPU SASS, fifty-fourth and fifty-fifth sessions): the fp16 hd64
+# plain 4k kernel ran 3.1 % more cycles than the bf16 one (FA4 the same in both), its extra
+# stall samples on those sleeps (ncu, H200). Measured in the fifty-fourth session (H200,
+# batch 4 x 16 heads, device only, ratio to cuDNN in the same process, two rounds, without
+# -> with): fp16 hd64 plain 4k 1.116 / 1.124 -> 1.133 / 1.130, hd128 causal 4k 1.145 / 1.144
+# -> 1.160 / 1.162, hd128 plain 16k 1.104 / 1.113 -> 1.121 / 1.120. Where the build has no
+# inline retry the try costs: bf16 hd64 plain 4k 1.162 / 1.159 -> 1.143 / 1.143; in fp16,
+# where the fifty-fifth session took it back out (same A/B, with -> without): hd128 causal
+# 8k 1.115 / 1.083 -> 1.186 / 1.104 (633 / 647 -> 662 / 664 TFLOP/s), 16k 1.131 / 1.136 ->
+# 1.184 / 1.183 (607 / 600 -> 623 / 624), hd64 plain 16k 1.195 / 1.195 -> 1.212 / 1.216
+# (518 / 517 -> 530 / 527); hd64 plain 8k 1.162 / 1.162 -> 1.206 / 1.177 and causal 16k
+# 1.195 / 1.195 -> 1.214 / 1.210 even in TFLOP/s (cuDNN moved); hd64 causal 4k even.
+def _fp16_waits_first(config: FlashConfig) -> bool:
+    """Whether an fp16 build of sm_90a ``config`` lays the ring stage's waiting retry out in its
+    K/V loop, so that a try first (``try_wait_first``) takes it out: the static persistent walk
+    with Q in two buffers (CPU SASS of every fp16 hd64/hd128 default, fifty-fifth session)."""
+    return config.static_persistent_walk and config.q_stages == 2
 
 
 def _wgmma_default(head_dim: int, windowed: bool, varlen: bool, seqlen: int | None,

@@ -124,8 +124,9 @@ def _wgmma_neighbours(config: FlashConfig, arch: str, head_dim: int | None,
     -3.5 to +5.8 % by head dim and mask, forty-seventh session), and on its persistent grid
     with the other count of Q buffers (``q_stages``: +1 to +7 % by head dim and length, -3 %
     at hd64's three-warpgroup masked tiles, forty-ninth session); one CTA per tile takes one.
-    And with the other way to wait for a stage (``try_wait_first``: +1-1.5 % in fp16 at hd64
-    and hd128, -1.5 % in bf16 at hd64, fifty-fourth session)."""
+    And with the other way to wait for a stage (``try_wait_first``: +1-1.5 % in fp16 where the
+    build lays the wait's retry out in the K/V loop, -1.5 % in bf16 at hd64 and -1.5 to -4.5 %
+    in fp16 where it does not, fifty-fourth and fifty-fifth sessions)."""
     fences = (False, True) if config.block_n & (config.block_n - 1) else (config.fence_p,)
     orders = ([(False, L2_SECTION_MB)] + [(True, mb) for mb in LPT_SECTION_MB]) if windowed \
         else [(config.lpt, config.l2_section_mb)]
