@@ -610,8 +610,8 @@ def test_fence_p_issues_each_p_v_gemm_as_one_group(head_dim, block_n, windowed, 
                          [(64, False, 4096, True), (128, True, 2048, True),
                           (64, False, 16384, False), (128, True, 16384, False)],
                          ids=["hd64", "hd128_masked", "hd64_long", "hd128_masked_long"])
-def test_fp16_defaults_keep_the_waits_retry_out_of_the_kv_loop(head_dim, windowed, seqlen, tries,
-                                                                artifact_dir):
+def test_fp16_defaults_keep_the_waits_retry_out_of_the_kv_loop(head_dim, windowed, seqlen,
+                                                                tries, artifact_dir):
     """No K/V loop of an fp16 default holds the ring stage's waiting retry (its sleep), as none
     of the bf16 builds' does. On the static persistent walk with Q in two buffers ptxas lays
     that retry out inside the fp16 K/V loops (fifty-fourth session), so those defaults try a
@@ -621,7 +621,7 @@ def test_fp16_defaults_keep_the_waits_retry_out_of_the_kv_loop(head_dim, windowe
     config = policy.default_for("sm_90a", head_dim, windowed, "float16", seqlen=seqlen)
     assert config.try_wait_first == tries
     assert not policy.default_for("sm_90a", head_dim, windowed, seqlen=seqlen).try_wait_first
-    for try_first in {tries, False}:
+    for try_first in (True, False) if tries else (False,):
         art = compile_config(config.replace(try_wait_first=try_first), "sm_90a",
                              dtype="float16", head_dim=head_dim, windowed=windowed,
                              out_dir=artifact_dir)

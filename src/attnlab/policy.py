@@ -394,10 +394,10 @@ def default_for(arch: str, head_dim: int = 128, windowed: bool = False,
 # one try first (``try_wait_first``). The fp16 builds of those configs (hd64 unmasked below
 # 8k and its short masked tile, hd128 unmasked and masked below 8k, hd128's short K/V tile)
 # lay the waiting loop's retry (a sleep and a second try) out inline in the K/V loop, where
-# the bf16 builds of the same configs, and every build on the counter or with one Q buffer,
-# keep it out of the loop (CPU SASS, fifty-fourth and fifty-fifth sessions): the fp16 hd64
-# plain 4k kernel ran 3.1 % more cycles than the bf16 one (FA4 the same in both), its extra
-# stall samples on those sleeps (ncu, H200). Measured in the fifty-fourth session (H200,
+# the bf16 builds of the same configs, and every hd64/hd128 build on the counter or with one
+# Q buffer, keep it out of the loop (CPU SASS, fifty-fourth and fifty-fifth sessions): the
+# fp16 hd64 plain 4k kernel ran 3.1 % more cycles than the bf16 one (FA4 the same in both),
+# its extra stall samples on those sleeps (ncu, H200). Measured in the fifty-fourth session (H200,
 # batch 4 x 16 heads, device only, ratio to cuDNN in the same process, two rounds, without
 # -> with): fp16 hd64 plain 4k 1.116 / 1.124 -> 1.133 / 1.130, hd128 causal 4k 1.145 / 1.144
 # -> 1.160 / 1.162, hd128 plain 16k 1.104 / 1.113 -> 1.121 / 1.120. Where the build has no
