@@ -174,8 +174,10 @@ class FlashConfig:
             non-blocking try first (``consumer_try_wait``, as FA4 does), entering the waiting
             loop only where it fails, instead of the waiting loop straight away. Where ptxas
             lays the plain loop's retry (a sleep and a second try) out inline in the K/V
-            loop, as in the fp16 builds at hd64 and hd128, the try first moves it out of the
-            loop body, where every bf16 build has it (docs/ladder.md, fifty-fourth session).
+            loop, as in the fp16 builds on the static persistent walk with Q in two buffers,
+            the try first moves it out of the loop body, where every bf16 build has it; where
+            the retry is already out, the try measured slower (docs/ladder.md, fifty-fourth
+            and fifty-fifth sessions).
         lpt: under a mask (causal or a window), hand out the output tiles longest first over
             the whole launch, in L2 sections of heads whose K and V fit in L2 together (FA3's
             longest-processing-time order), instead of longest first within each head
