@@ -1,10 +1,11 @@
 """Time decoding-kernel candidates (split counts, merges) on the GPU.
 
 Usage (GPU): python scripts/decode_candidates.py [--combine | --merge | --paged | --tma]
-[--out DIR]
-For a few points of ``attnlab bench --decode``'s grid, the default (what
-``attention_with_kvcache`` picks) against twice, a half, a quarter and an eighth of its split
-count, each merged as the call would merge it, all through the same kernels
+[--layout paged] [--points B:KEYS:HQ:HKV,...] [--out DIR]
+For a few points of ``attnlab bench --decode``'s grid (or ``--points``, hd128 bf16), the
+default (what ``attention_with_kvcache`` picks) against twice, a half, a quarter and an eighth
+of its split count, each merged as the call would merge it (``--layout paged``: on the paged
+copy, the contiguous default beside), all through the same kernels
 (``kernels/common/decode.py`` and the combine), round-robin on the same inputs; GB/s of K/V
 read, median of the runs, device only and end to end (back-to-back calls). ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
@@ -12,7 +13,8 @@ split count (what the merge costs). ``--merge``: instead, the combine kernel aga
 serial merge (the last split merges) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page,
-shuffled), on a copy whose pages are in order, and (at half a wave) on the paged copy at
+shuffled), on a copy whose pages are in order, on copies shuffled only inside windows of 2
+and 32 MiB of the pool, on one of 256-key pages, and (at half a wave) on the paged copy at
 the split count a GPU on the other side of ``decode.PAGED_WHOLE_DRAM_PER_SM`` would take.
 ``--tma``: instead, K/V by TMA boxes (``DecodeSpec.tma_rows``, sm_90a) against the row
 gathers, contiguous and paged, at the call's split counts, device only and end to end.
@@ -27,6 +29,7 @@ import math
 from pathlib import Path
 
 import torch
+from decode_spans import parse_points
 
 from attnlab import device, kernel_cache
 from attnlab.bench.decode import PAGE_SIZE, decode_sets, kv_bytes
@@ -101,10 +104,16 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true",
                         help="time the combine kernel against the serial merge, contiguous "
                              "and paged, device only and end to end")
+    parser.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
+                        help="the split sweep's cache (paged: the contiguous default beside)")
+    parser.add_argument("--points", type=parse_points, default=None,
+                        help="B:KEYS:HQ:HKV, comma-separated (default: the ten points)")
     args = parser.parse_args()
     info = device.info(torch.device("cuda"))
     rows = []
-    for point in POINTS:
+    points = POINTS if args.points is None else [
+        Point(b, 1, keys, hq, 128, heads_kv=hkv) for b, keys, hq, hkv in args.points]
+    for point in points:
         sets = decode_sets(point, info.l2_bytes, paged=True)
         kpw, stages = decode_tile(point.head_dim, info.arch)
         tiles = math.ceil(point.heads // point.kv_heads / 16)
@@ -138,6 +147,17 @@ def main() -> None:
             in_order = decode_sets(point, info.l2_bytes, paged=True, shuffled=False)
             variants["paged in order"] = runner(point, in_order, True, auto_for[True], stages,
                                                 kpw)
+            # Shuffled only inside windows of the pool (how many distinct 2 MiB translation
+            # pages a walk touches), and in pages of 256 keys (fewer page starts a block).
+            page_bytes = PAGE_SIZE * point.kv_heads * point.head_dim * 2
+            for mib in (2, 32):
+                window = max(1, (mib << 20) // page_bytes)
+                local = decode_sets(point, info.l2_bytes, paged=True, window=window)
+                variants[f"paged in {mib} MiB windows"] = runner(point, local, True,
+                                                                 auto_for[True], stages, kpw)
+            large = decode_sets(point, info.l2_bytes, paged=True, page_size=256)
+            variants["paged 256-key pages"] = runner(point, large, True, auto_for[True], stages,
+                                                     kpw)
             for splits in sorted(paged_either - {auto_for[True]}):
                 # The paged cache at the split count of the GPUs on the rule's other side.
                 variants[f"paged splits={splits}"] = runner(point, sets, True, splits, stages,
@@ -155,12 +175,18 @@ def main() -> None:
         if not (args.combine or args.paged or args.merge or args.tma):
             # The default tile at the chosen split count, at twice it and at a half, a
             # quarter and an eighth of it, each merged as ``attention_with_kvcache`` would
-            # merge it.
-            counts = {max(1, auto // f) for f in (1, 2, 4, 8)} | {min(128, 2 * auto)}
+            # merge it; on the paged copy, the contiguous call's default beside.
+            paged = args.layout == "paged"
+            if paged:
+                merge = "serial" if serial_merge(auto, blocks) else "kernel"
+                variants[f"contiguous splits={auto}"] = runner(point, sets, False, auto,
+                                                               stages, kpw, merge)
+            chosen = auto_for[paged]
+            counts = {max(1, chosen // f) for f in (1, 2, 4, 8)} | {min(128, 2 * chosen)}
             for splits in sorted(counts, reverse=True):
                 merge = "serial" if serial_merge(splits, blocks) else "kernel"
-                variants[f"splits={splits} {merge}"] = runner(point, sets, False, splits,
-                                                               stages, kpw, merge)
+                variants[f"{args.layout} splits={splits} {merge}"] = runner(
+                    point, sets, paged, splits, stages, kpw, merge)
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
         spans = (sample_back_to_back(variants, calls=dict.fromkeys(variants, MAX_CALLS_PER_SPAN),
                                      rounds=args.runs, rotations=len(sets))

@@ -58,6 +58,14 @@ def test_tiles_fit_shared_memory_and_splits_fill_the_gpu():
     assert choose_splits(8, 4, 132) == 2         # two K/V blocks a split at least
     assert choose_splits(8, 32, 132) == 16       # B=1 x 4k MQA: 16 splits of two blocks
     assert choose_splits(1, 10_000, 132) == 64   # capped
+    # B = 1 MQA paged where the DRAM outruns half the SMs' paged CTAs: the whole wave, while
+    # every split walks four blocks (1 x 64k); 1 x 32k keeps 64 splits of two.
+    assert choose_splits(1, 1024, 132, True, h200) == 128
+    assert choose_splits(1, 512, 132, True, h200) == 128
+    assert choose_splits(1, 256, 132, True, h200) == 64
+    assert choose_splits(1, 1024, 132, True, h100) == 64
+    assert choose_splits(1, 1024, 132, False, h200) == 64
+    assert choose_splits(2, 1024, 132, True, h200) == 64   # 128 CTAs already: unchanged
 
 
 def test_short_walks_merge_in_the_decoding_kernel():

@@ -119,6 +119,28 @@ def check_ragged_call(case, dt, num_splits, seed, poison=False):
     check(got, lse, ref_out, ref_lse, dt, f"{case} splits={num_splits}")
 
 
+@pytest.mark.parametrize("num_splits", [0, 128])
+def test_one_long_paged_range_split_over_the_whole_wave(num_splits):
+    """B = 1 MQA over a paged cache of 64k keys and more: where the DRAM outruns half the SMs'
+    paged CTAs, the automatic split count is 128 (``decode.PAGED_WAVE_SPLITS``), 64 elsewhere;
+    both, and 128 asked for, against the fp64 reference (the last split's walk ragged)."""
+    gen = torch.Generator(device="cuda").manual_seed(11 + num_splits)
+    dt = torch.bfloat16
+    capacity, length = 70_000, 69_999
+    k_cache, v_cache, table = make_cache(1, capacity, 1, 128, dt, gen, 64)
+    q = randn(1, 1, 8, 128, dtype=dt, gen=gen)
+    scale = 128 ** -0.5
+    out = torch.full_like(q, math.nan)
+    got, lse = attnlab.attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor([length], dtype=torch.int32,
+                                                        device="cuda"),
+        block_table=table, softmax_scale=scale, num_splits=num_splits, return_lse=True,
+        out=out)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference_out(q, k_cache, v_cache, table, [length], (-1, -1), scale)
+    check(got, lse, ref_out, ref_lse, dt, f"1 x {length} MQA paged splits={num_splits}")
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_appends_land_at_their_slots_and_nothing_else_moves(paged):
     gen = torch.Generator(device="cuda").manual_seed(5)

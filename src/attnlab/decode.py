@@ -64,6 +64,14 @@ UNSPLIT_HALF_WAVE_BLOCKS = 32
 #: wins: an H100 SXM (25 GB/s an SM) read 64 x 4k MQA and 8 x 4k GQA 2-3 % faster unsplit, an
 #: H200 (36 GB/s an SM) 9-13 % faster in two splits (fortieth session).
 PAGED_WHOLE_DRAM_PER_SM = 30e9
+#: Above that DRAM rate, a paged cache's grid that ``MAX_SPLITS`` leaves at half a wave or
+#: less (B = 1 MQA: one K/V range) fills the whole wave, up to this many splits, while each
+#: still walks ``PAGED_WAVE_SPLIT_BLOCKS`` blocks: 64 paged CTAs on half the SMs stream below
+#: the DRAM's rate, where 64 contiguous ones tie with 128. On an H200, 128 splits read 1 x 64k /
+#: 96k / 128k MQA paged 3.4 / 7.5 / 9.3-10.1 % faster device only than 64, and 1 x 32k (two
+#: blocks a split) 6.8 % slower (fifty-sixth session, docs/decode.md).
+PAGED_WAVE_SPLITS = 128
+PAGED_WAVE_SPLIT_BLOCKS = 4
 #: K/V blocks a split walks at least: B = 1 x 4k MQA (32 blocks) read 9 % (H100) and 5 %
 #: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
 #: partial and its share of the merge costing about as much as a block's load.
@@ -121,15 +129,22 @@ def choose_splits(ctas: int, kv_blocks: int, multiprocessors: int, paged: bool =
     when the (query tile, sequence, K/V head) grid already fills the GPU, and none for a short
     walk on a grid of half a wave or more (``UNSPLIT_HALF_WAVE_BLOCKS``; a ``paged`` one only
     where ``dram_bytes_per_s``, the device's, is at most ``PAGED_WHOLE_DRAM_PER_SM`` an SM);
-    at least ``MIN_SPLIT_BLOCKS`` K/V blocks a split. Rounded down: 17 splits of 8 CTAs are
-    136 CTAs on 132 SMs, a second wave of 4 that doubles the time."""
+    at least ``MIN_SPLIT_BLOCKS`` K/V blocks a split, at most ``MAX_SPLITS`` (a paged cache
+    above that DRAM rate whose grid would fill half a wave at most: up to
+    ``PAGED_WAVE_SPLITS`` of ``PAGED_WAVE_SPLIT_BLOCKS`` blocks).
+    Rounded down: 17 splits of 8 CTAs are 136 CTAs on 132 SMs, a second wave of 4 that
+    doubles the time."""
     if ctas <= 0 or ctas >= multiprocessors:
         return 1
     wanted = CTAS_PER_SM * multiprocessors // ctas
-    whole = not paged or dram_bytes_per_s <= PAGED_WHOLE_DRAM_PER_SM * multiprocessors
-    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS and whole:
+    fast_paged = paged and dram_bytes_per_s > PAGED_WHOLE_DRAM_PER_SM * multiprocessors
+    if wanted == 2 and kv_blocks <= UNSPLIT_HALF_WAVE_BLOCKS and not fast_paged:
         return 1
-    return max(1, min(wanted, kv_blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
+    splits = min(wanted, kv_blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)
+    if fast_paged and 2 * splits * ctas <= CTAS_PER_SM * multiprocessors:
+        splits = max(splits, min(wanted, kv_blocks // PAGED_WAVE_SPLIT_BLOCKS,
+                                 PAGED_WAVE_SPLITS))
+    return max(1, splits)
 
 
 def serial_merge(splits: int, kv_blocks: int) -> bool:

@@ -37,10 +37,12 @@ def kv_bytes(point: Point) -> int:
 
 
 def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0,
-                shuffled: bool = True) -> list[tuple]:
+                shuffled: bool = True, window: int = 0, page_size: int = PAGE_SIZE
+                ) -> list[tuple]:
     """Input sets ``(q, k, v, k_pages, v_pages, block_table, seqlens)``, as many as overflow
-    L2 together (at least one); the pages in shuffled order, or (``shuffled`` off) each
-    sequence's in order, one after another."""
+    L2 together (at least one); ``page_size`` keys a page, the pages in shuffled order (with
+    ``window``, only within runs of that many consecutive pages of the pool), or
+    (``shuffled`` off) each sequence's in order, one after another."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = point.torch_dtype
     sets = []
@@ -52,20 +54,31 @@ def decode_sets(point: Point, l2_bytes: int, paged: bool, seed: int = 0,
         seqlens = torch.full((point.batch,), point.seqlen_k, dtype=torch.int32, device="cuda")
         pages = table = None
         if paged:
-            per_seq = -(-point.seqlen_k // PAGE_SIZE)
-            order = (torch.randperm(point.batch * per_seq, device="cuda", generator=gen)
-                     if shuffled else torch.arange(point.batch * per_seq, device="cuda"))
+            per_seq = -(-point.seqlen_k // page_size)
+            order = page_order(point.batch * per_seq, shuffled, window, gen)
             table = order.view(point.batch, per_seq).to(torch.int32)
             pages = []
             for x in (k, v):
-                pad = per_seq * PAGE_SIZE - point.seqlen_k
+                pad = per_seq * page_size - point.seqlen_k
                 flat = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).view(
-                    point.batch * per_seq, PAGE_SIZE, point.kv_heads, point.head_dim)
+                    point.batch * per_seq, page_size, point.kv_heads, point.head_dim)
                 pool = torch.empty_like(flat)
                 pool[order] = flat
                 pages.append(pool)
         sets.append((q, k, v, *(pages or (None, None)), table, seqlens))
     return sets
+
+
+def page_order(count: int, shuffled: bool, window: int, gen: torch.Generator) -> torch.Tensor:
+    """Where each of ``count`` pages goes in the pool: in order, a permutation of the whole
+    pool, or (``window``) a permutation inside each run of ``window`` pages."""
+    if not shuffled:
+        return torch.arange(count, device="cuda")
+    if not window:
+        return torch.randperm(count, device="cuda", generator=gen)
+    keys = torch.rand(count, device="cuda", generator=gen)
+    keys += torch.arange(count, device="cuda") // window
+    return torch.argsort(keys)
 
 
 def decode_impls(peers: dict[str, Callable]) -> dict[str, Callable]:
