@@ -10,7 +10,8 @@ copy, the contiguous default beside), all through the same kernels
 read, median of the runs, device only and end to end (back-to-back calls). ``--combine``: instead,
 the split decoding alone against it followed by the combine, at the default and at twice the
 split count (what the merge costs). ``--merge``: instead, the combine kernel against the
-serial merge (the last split merges) at the default split count, contiguous and paged,
+serial merge (the last split merges) and, on sm_90a up to 16 splits, the cluster merge (the
+splits' CTAs merge in distributed shared memory) at the default split count, contiguous and paged,
 device only and end to end (back-to-back calls). ``--paged``: instead, the default on the
 contiguous cache against it on the paged copy (``bench.decode.PAGE_SIZE`` keys a page,
 shuffled), on a copy whose pages are in order, on copies shuffled only inside windows of 2
@@ -53,12 +54,15 @@ POINTS = [Point(64, 1, 4096, 8, 128, heads_kv=1), Point(8, 1, 32768, 8, 128, hea
 def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw: int,
            merge: str | None = "kernel", tma_rows: int = 0):
     """One variant's call; ``merge``: how a split decoding's partials are merged (by the
-    combine ``"kernel"``, by the last split: ``"serial"``; None: not at all); ``tma_rows``:
+    combine ``"kernel"``, by the last split: ``"serial"``, in a cluster of the splits' CTAs:
+    ``"cluster"``; None: not at all); ``tma_rows``:
     K/V by TMA boxes of that many keys (0: row gathers)."""
     info = device.info(torch.device("cuda"))
     serial = merge == "serial" and splits > 1
-    spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False, splits > 1,
-                      kpw, stages, serial_merge=serial, tma_rows=tma_rows)
+    cluster = splits if merge == "cluster" and splits > 1 else 0
+    spec = DecodeSpec(info.arch, point.dtype, point.head_dim, paged, False, False,
+                      splits > 1 and not cluster, kpw, stages, serial_merge=serial,
+                      tma_rows=tma_rows, cluster_splits=cluster)
     decode = kernel_cache.get(spec).fn
     combine = (kernel_cache.get(CombineSpec(info.arch, point.dtype, point.head_dim)).fn
                if merge == "kernel" else None)
@@ -76,8 +80,8 @@ def runner(point: Point, sets: list, paged: bool, splits: int, stages: int, kpw:
         q, k, v, kp, vp, table, seqlens = sets[i]
         kc, vc = (kp, vp) if paged else (k, v)
         table_ = table if paged else None
-        if splits == 1:
-            decode(q, kc, vc, seqlens, None, table_, out, lse, scale, left, right, 1, None,
+        if splits == 1 or cluster:
+            decode(q, kc, vc, seqlens, None, table_, out, lse, scale, left, right, splits, None,
                    None, None)
         elif serial:
             decode(q, kc, vc, seqlens, None, table_, part, part_lse, scale, left, right, splits,
@@ -106,6 +110,9 @@ def main() -> None:
                              "and paged, device only and end to end")
     parser.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
                         help="the split sweep's cache (paged: the contiguous default beside)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="the split sweep also merges each count of up to 16 splits in a "
+                             "cluster")
     parser.add_argument("--points", type=parse_points, default=None,
                         help="B:KEYS:HQ:HKV, comma-separated (default: the ten points)")
     args = parser.parse_args()
@@ -135,7 +142,9 @@ def main() -> None:
                         point, sets, False, splits, stages, kpw, "kernel" if combine else None)
         if args.merge:
             for paged in (False, True):
-                for merge in ("kernel", "serial"):
+                for merge in ("kernel", "serial", "cluster"):
+                    if merge == "cluster" and not (1 < auto_for[paged] <= 16):
+                        continue
                     variants[f"{'paged' if paged else 'contiguous'} {merge}"] = runner(
                         point, sets, paged, auto_for[paged], stages, kpw, merge)
         if args.paged:
@@ -187,6 +196,9 @@ def main() -> None:
                 merge = "serial" if serial_merge(splits, blocks) else "kernel"
                 variants[f"{args.layout} splits={splits} {merge}"] = runner(
                     point, sets, paged, splits, stages, kpw, merge)
+                if args.cluster and 1 < splits <= 16:
+                    variants[f"{args.layout} splits={splits} cluster"] = runner(
+                        point, sets, paged, splits, stages, kpw, "cluster")
         samples = sample_interleaved(variants, runs=args.runs, rotations=len(sets))
         spans = (sample_back_to_back(variants, calls=dict.fromkeys(variants, MAX_CALLS_PER_SPAN),
                                      rounds=args.runs, rotations=len(sets))

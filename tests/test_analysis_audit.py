@@ -26,9 +26,10 @@ def test_the_inventory_holds_every_family_attnlab_builds():
         # kernels only there.
         assert len(families["gemm ladder"]) == 9
         assert bool(families["gemm"]) == (arch == "sm_90a")
-        # Each head dim's six decoding variants (contiguous / paged x whole / split merged
-        # by the combine / split merged serially) and its combine.
-        assert len(families["decode"]) == 7 * 6
+        # Each of six head dims' decoding variants (contiguous / paged x whole / split merged
+        # by the combine / split merged serially, and on sm_90a merged in clusters of two)
+        # and its combine.
+        assert len(families["decode"]) == 6 * (7 + 2 * (arch == "sm_90a"))
         assert all(v for name, v in families.items() if name != "gemm" or arch == "sm_90a")
         assert all(isinstance(s, ForwardSpec) for s in families["forward defaults"].values())
         assert all(isinstance(s, BackwardSpec) for s in families["backward"].values())

@@ -14,7 +14,7 @@ from attnlab.analysis.resources import read_resources
 from attnlab.analysis.sass import disassemble, histogram, parse
 from attnlab.compile import compile_spec
 from attnlab.config import ConfigError
-from attnlab.decode import choose_splits, decode_tile, serial_merge
+from attnlab.decode import choose_splits, cluster_merge, decode_tile, serial_merge
 from attnlab.kernels.abi import (
     DECODE_WARPS,
     CombineSpec,
@@ -76,6 +76,17 @@ def test_short_walks_merge_in_the_decoding_kernel():
     assert not serial_merge(128, 256)            # 1 x 32k MQA: 128 partials for one CTA
 
 
+def test_splits_merge_in_clusters_that_run_side_by_side():
+    assert cluster_merge(2, 64, 132, "sm_90a")       # 64 x 4k MQA paged: 64 clusters of 2
+    assert not cluster_merge(2, 67, 132, "sm_90a")   # past one wave
+    assert cluster_merge(8, 8, 132, "sm_90a")        # 8 clusters of 8: half a wave
+    assert not cluster_merge(4, 32, 132, "sm_90a")   # 32 clusters of 4: not all fit at once
+    assert not cluster_merge(16, 1, 132, "sm_90a")   # past the portable cluster size
+    assert not cluster_merge(2, 64, 132, "sm_80")    # no clusters before sm_90
+    assert not cluster_merge(1, 64, 132, "sm_90a")   # nothing to merge
+    assert not cluster_merge(2, 64, 132, "sm_90a", enabled=False)
+
+
 # (arch, head dim, knobs): the variants a call can pick.
 COMPILED = [("sm_80", 64, {}), ("sm_80", 128, {"paged": True, "windowed": True}),
             ("sm_90a", 128, {"split": True, "batch_idx": True, "kv_stages": 3}),
@@ -83,7 +94,8 @@ COMPILED = [("sm_80", 64, {}), ("sm_80", 128, {"paged": True, "windowed": True})
             ("sm_90a", 96, {"windowed": True}),
             ("sm_90a", 128, {"paged": True, "split": True, "v_strides": True}),
             ("sm_90a", 128, {"split": True, "serial_merge": True, "kv_stages": 3}),
-            ("sm_80", 64, {"paged": True, "split": True, "serial_merge": True})]
+            ("sm_80", 64, {"paged": True, "split": True, "serial_merge": True}),
+            ("sm_90a", 128, {"paged": True, "cluster_splits": 16, "kv_stages": 3})]
 
 
 @pytest.mark.parametrize("arch, head_dim, knobs", COMPILED)
@@ -189,6 +201,29 @@ def test_serial_merge_counts_each_split_in_once(arch, tmp_path):
     listing = [i.base for i in parse(text)]
     merge = listing[listing.index("ATOMG"):]
     assert merge[:merge.index("FMNMX")].count("LDG") == 2 * MERGE_SPLITS
+
+
+@pytest.mark.parametrize("splits", [2, 16])
+def test_cluster_merge_reads_each_peer_once_and_writes_the_output(tmp_path, splits):
+    """With ``cluster_splits`` the CTAs meet at two cluster barriers and, in between, each
+    thread reads its items' LSE and 16-byte vector from every peer's shared memory (all
+    before the first maximum); the only global stores are the merged vectors and LSEs (no
+    partials, no counter)."""
+    keys_per_warp, stages = decode_tile(128, "sm_90a")
+    spec = DecodeSpec("sm_90a", "bfloat16", 128, keys_per_warp=keys_per_warp,
+                      kv_stages=stages, cluster_splits=splits)
+    art = compile_spec(spec, tmp_path)
+    text = disassemble(art.cubin)
+    ops = histogram(parse(text))
+    assert not read_resources(art.cubin, text).spills
+    assert ops["UCGABAR_ARV"] == ops["UCGABAR_WAIT"] == 2
+    # 16 rows x 32 vectors dealt out over splits x 128 threads.
+    items = -(-16 * 128 // 4 // (splits * THREADS))
+    assert ops["LD"] == 2 * splits * items
+    assert ops["STG"] == 2 * items and "ATOMG" not in ops
+    listing = [i.base for i in parse(text)]
+    merge = listing[listing.index("UCGABAR_WAIT"):]
+    assert merge[:merge.index("FMNMX")].count("LD") == 2 * splits
 
 
 @pytest.mark.parametrize("head_dim", [96, 128, 256])

@@ -292,11 +292,17 @@ def test_torch_compile_fullgraph_matches_eager_and_appends():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 
 
-def test_cuda_graph_replays_a_decode_step_with_new_lengths():
-    """Eager, the 4 splits merge in the decoding kernel (``serial_merge``); captured, in the
-    combine kernel (replays have no host side to save): both against the eager result."""
+@pytest.mark.parametrize("cluster", [False, True], ids=["serial", "cluster"])
+def test_cuda_graph_replays_a_decode_step_with_new_lengths(cluster, monkeypatch):
+    """Without the cluster merge: eager, the 4 splits merge in the decoding kernel
+    (``serial_merge``); captured, in the combine kernel (replays have no host side to
+    save). With it (sm_90a), in a cluster of the splits' CTAs both ways. Each against the
+    eager result."""
     from attnlab import decode
 
+    if cluster and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("clusters of the splits are sm_90a's")
+    monkeypatch.setattr(decode, "CLUSTER_MERGE", cluster)
     q, k_cache, v_cache, k, v, table = _step_inputs(22)
     seqlens = torch.tensor([40, 300], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
@@ -305,10 +311,10 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
         attnlab.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
                                        block_table=table, num_splits=4, out=out)
 
-    decode._calls.clear()
+    monkeypatch.setattr(decode, "_calls", {})
     step()  # builds the kernels outside the capture
     (call,) = decode._calls.values()
-    assert call.serial
+    assert call.serial != cluster and call.cluster == cluster
     combines = []
     combine = call.combine
     call.combine = lambda *args: (combines.append(1), combine(*args))
@@ -318,7 +324,7 @@ def test_cuda_graph_replays_a_decode_step_with_new_lengths():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        assert combines == [1]
+        assert combines == ([] if cluster else [1])
     finally:
         call.combine = combine
     for lengths in ([0, 17], [255, 400]):
@@ -426,3 +432,23 @@ def test_unread_cache_slots_never_reach_the_output(case, num_splits, tma, monkey
     block_n = keys_per_warp * DECODE_WARPS
     assert (decode.tma_rows("sm_90a", block_n, page_size) > 0) == (tma and page_size != 48)
     check_ragged_call(case, dt, num_splits, batch * 7 + head_dim + seqlen_q, poison=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"w{c[6]}")
+@pytest.mark.parametrize("num_splits", [2, 3, 0, 16])
+def test_splits_merged_in_a_cluster_match_the_reference(case, num_splits, monkeypatch):
+    """The cluster merge (``decode.cluster_merge``, sm_90a): a query tile's splits are one
+    cluster's CTAs (2 to 16 of them) and merge in distributed shared memory, over ragged
+    caches (one sequence of length 0, the last block of each ragged), NaN in every cache
+    slot past the lengths and in ``out`` before the call."""
+    from attnlab import decode
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("clusters of the splits are sm_90a's")
+    # Every split count here in a cluster, whatever the grid (the policy keeps clusters
+    # of more than two splits to half a wave).
+    monkeypatch.setattr(decode, "cluster_merge", lambda splits, *_: 1 < splits <= 16)
+    monkeypatch.setattr(decode, "_calls", {})
+    batch, seqlen_q, _, _, head_dim, _, _ = case
+    check_ragged_call(case, torch.bfloat16, num_splits, batch * 13 + head_dim + seqlen_q,
+                      poison=True)

@@ -76,6 +76,17 @@ PAGED_WAVE_SPLIT_BLOCKS = 4
 #: (H200) faster on the device in 16 splits of two blocks than in 32 of one, each split's
 #: partial and its share of the merge costing about as much as a block's load.
 MIN_SPLIT_BLOCKS = 2
+#: Splits merged in a cluster of their CTAs (``cluster_merge``) instead of by the serial merge
+#: or the combine kernel, where the clusters run side by side: two splits on a grid of up to
+#: one wave, up to ``CLUSTER_MERGE_SPLITS`` on up to half a wave. On an H200 (fifty-sixth
+#: session, docs/decode.md), device only: two splits +1.2 % (8 x 32k GQA), +2.5 / +4.7 % paged
+#: (8 x 4k GQA, 64 x 4k MQA), eight at half a wave +13 % (8 x 4k MQA against the serial merge),
+#: four there even; but clusters of 4-16 on a whole wave (128 CTAs) ran 25-27 % slower: not
+#: all of them fit the GPU's GPCs at once.
+CLUSTER_MERGE = True
+#: The most splits merged in a cluster: 8, the portable cluster size (16 needs an opt-in that
+#: not every sm_90 part schedules).
+CLUSTER_MERGE_SPLITS = 8
 #: K/V by the TMA unit on sm_90a (``kernels/common/decode_tma.py``), where the cache's pages
 #: allow (``tma_rows``). Off: against the ``cp.async`` gathers the boxes read a contiguous
 #: cache 2-9 % slower and a paged one within -2 to +0.4 % (H100, thirty-seventh session,
@@ -159,6 +170,19 @@ def serial_merge(splits: int, kv_blocks: int) -> bool:
     which replays without its host side, takes the combine kernel."""
     return 1 < splits <= SERIAL_MERGE_SPLITS and math.ceil(
         kv_blocks / splits) <= SERIAL_MERGE_BLOCKS
+
+
+def cluster_merge(splits: int, ctas: int, multiprocessors: int, arch: str,
+                  enabled: bool | None = None) -> bool:
+    """Whether ``splits`` splits of a grid of ``ctas`` (query tile, sequence, K/V head) CTAs
+    merge in clusters (``DecodeSpec.cluster_splits``: a tile's splits are one cluster's CTAs,
+    which merge in distributed shared memory): where ``enabled`` (None: ``CLUSTER_MERGE``), on
+    sm_90a, two splits on up to a wave of CTAs or up to ``CLUSTER_MERGE_SPLITS`` on up to
+    half a wave."""
+    on = CLUSTER_MERGE if enabled is None else enabled
+    wave = multiprocessors if splits == 2 else multiprocessors // 2
+    return (on and arch == "sm_90a" and 1 < splits <= CLUSTER_MERGE_SPLITS
+            and splits * ctas <= wave)
 
 
 def attention_with_kvcache(
@@ -338,17 +362,20 @@ class _DecodeCall:
         dtype = str(q.dtype).removeprefix("torch.")
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))
-        self.serial = serial_merge(self.splits, kv_blocks)
+        self.cluster = cluster_merge(self.splits, tiles * batch * heads_kv,
+                                     info.multiprocessors, info.arch)
+        self.serial = not self.cluster and serial_merge(self.splits, kv_blocks)
         #: Counters of a serial merge: one per (query tile, sequence x K/V head).
         self.tiles = tiles * batch * heads_kv
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
-                          self.splits > 1, keys_per_warp, stages,
+                          self.splits > 1 and not self.cluster, keys_per_warp, stages,
                           v_cache.stride()[:2] != k_cache.stride()[:2], self.serial,
                           tma_rows(info.arch, keys_per_warp * DECODE_WARPS,
-                                   k_cache.shape[1] if paged else None))
+                                   k_cache.shape[1] if paged else None),
+                          self.splits if self.cluster else 0)
         self.decode = kernel_cache.get(spec).fn
         self.combine = self.split_decode = None
-        if self.splits > 1:
+        if self.splits > 1 and not self.cluster:
             # A call captured in a CUDA graph replays without its host side, so there the
             # combine kernel's shorter device time wins (``serial_merge``); both are built
             # here, as a capture may not load modules.
@@ -377,7 +404,7 @@ class _DecodeCall:
         partials before the call's last launch ends, and the kernel leaves the counters
         zero."""
         batch, seqlen_q, heads_q, head_dim = q.shape
-        splits = self.splits if self.splits > 1 else 0
+        splits = self.splits if self.splits > 1 and not self.cluster else 0
         return device.per_stream(self._scratch, q.device, lambda: (
             *(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in (
                 (splits * batch, seqlen_q, heads_q, head_dim),
@@ -400,9 +427,9 @@ class _DecodeCall:
         partial_out, partial_lse, lse, counters = self.scratch(q)
         if return_lse:
             lse = torch.empty_like(lse)
-        if self.splits == 1:
+        if self.splits == 1 or self.cluster:
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, out, lse,
-                        self.scale, self.left, self.right, 1, None, None, None)
+                        self.scale, self.left, self.right, self.splits, None, None, None)
         elif self.serial and not torch.cuda.is_current_stream_capturing():
             self.decode(q, k_cache, v_cache, seqlens, cache_batch_idx, block_table, partial_out,
                         partial_lse, self.scale, self.left, self.right, self.splits, out, lse,

@@ -550,8 +550,8 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
 
 def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
     """The decoding kernels a call may build on ``arch``, bf16: every head dim whose tile fits,
-    contiguous and paged, whole and split (merged by the combine or serially), and the
-    combine (``attnlab audit``'s family; the masked and ``cache_batch_idx`` variants differ
+    contiguous and paged, whole and split (merged by the combine, serially or, on sm_90a, in
+    clusters of two), and the combine (``attnlab audit``'s family; the masked and ``cache_batch_idx`` variants differ
     only in their row addressing)."""
     from attnlab.decode import decode_tile
 
@@ -565,5 +565,9 @@ def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
                              keys_per_warp, stages, serial_merge=serial)
                   for paged in (False, True)
                   for split, serial in ((False, False), (True, False), (True, True))]
+        if arch == "sm_90a":
+            specs += [DecodeSpec(arch, "bfloat16", head_dim, paged, False, False, False,
+                                 keys_per_warp, stages, cluster_splits=2)
+                      for paged in (False, True)]
         specs.append(CombineSpec(arch, "bfloat16", head_dim))
     return specs

@@ -307,13 +307,15 @@ class DecodeSpec(FlatSpec):
     the blocks in flight; ``v_strides``: V's first two strides differ from K's, so a row's
     offset is computed for each (else K's serves both); ``tma_rows`` (sm_90a): K and V come
     by the TMA unit in boxes of this many keys (a block, or a page shorter than a block)
-    instead of row by row by ``cp.async`` (0)."""
+    instead of row by row by ``cp.async`` (0); ``cluster_splits`` (sm_90a, without
+    ``split``): the grid's splits of a query tile are the CTAs of one cluster of this many,
+    which merge their rows in distributed shared memory and write the output (0: none)."""
 
     KIND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("_paged", "paged"), ("_batch_idx", "batch_idx"), ("_win", "windowed"),
         ("_split", "split"), ("_vstrides", "v_strides"), ("_serial", "serial_merge"),
-        ("_tma", "tma_rows"))
+        ("_tma", "tma_rows"), ("_cluster", "cluster_splits"))
 
     arch: str
     dtype: str
@@ -327,6 +329,7 @@ class DecodeSpec(FlatSpec):
     v_strides: bool = False
     serial_merge: bool = False
     tma_rows: int = 0
+    cluster_splits: int = 0
 
     @property
     def label(self) -> str:

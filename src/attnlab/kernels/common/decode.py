@@ -26,6 +26,12 @@ kernel is built for bandwidth, not for tensor-core rate.
   before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
   before reading anything, so a launch's latency hides under the previous kernel's tail; a
   split decoding lets the combine launch once its CTAs are past their K/V walk.
+* **Cluster merge** (``DecodeSpec.cluster_splits``, sm_90a): the splits of a query tile are
+  the CTAs of one thread-block cluster. Each stages its rows (merged over its warps) in its
+  own shared memory; after the cluster barrier the cluster's threads deal out the tile's
+  (row, 4 columns) items, each reading its item from every peer (``ld.shared::cluster``) and
+  writing the merged output; a second barrier keeps each CTA's rows until all have read them.
+  No partials in global memory, no counter and no second kernel.
 * **Serial merge** (``DecodeSpec.serial_merge``): instead of the combine kernel, each split
   counts in at its query tile's counter once its partial is written, and the split that
   counts last merges the tile's partials and resets the counter (GEMM's serial split-K). One
@@ -45,6 +51,7 @@ from attnlab.kernels.common.barriers import NamedBarrier, count_in
 from attnlab.kernels.common.base import shared_storage, shared_tile
 from attnlab.kernels.common.decode_combine import VEC, merge_splits
 from attnlab.kernels.common.decode_tma import BoxLoads, make_box_loads
+from attnlab.kernels.common.dsmem import load_peer_f32, load_peer_v4
 from attnlab.kernels.common.epilogue import store_fragment
 from attnlab.kernels.common.layouts import (
     COPY_BITS,
@@ -83,6 +90,11 @@ class FlashDecode:
         self.serial = spec.split and spec.serial_merge
         #: K/V by the TMA unit: see ``K/V by the TMA unit`` in the module docstring.
         self.tma = spec.tma_rows > 0
+        #: The splits merge in a cluster: see ``Cluster merge`` in the module docstring.
+        self.cluster = spec.cluster_splits
+        assert not self.cluster or (spec.arch == "sm_90a" and not spec.split
+                                    and not self.tma), "a cluster merge needs sm_90a, no " \
+            "partials and the row gathers"
         assert not self.tma or (spec.arch == "sm_90a" and self.block_n % spec.tma_rows == 0
                                 and spec.tma_rows % 8 == 0), "TMA boxes need sm_90a and " \
             "a multiple of 8 keys that divides the block"
@@ -110,6 +122,9 @@ class FlashDecode:
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
             "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS],
             "arrival": cute.struct.MemRange[cutlass.Int32, 1]}
+        if cutlass.const_expr(self.cluster):
+            # This CTA's rows (merged over its warps) for the peers; O goes in the V ring.
+            fields["sRowLSE"] = cute.struct.MemRange[cutlass.Float32, TILE_ROWS]
         kv_tma = None
         if cutlass.const_expr(self.tma):
             fields["bars"] = cute.struct.MemRange[cutlass.Int64, spec.kv_stages]
@@ -126,7 +141,8 @@ class FlashDecode:
         self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
                     SharedStorage, group, pages, kv_tma).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
-            block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
+            block=[THREADS, 1, 1], cluster=[1, 1, self.cluster] if self.cluster else None,
+            stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
@@ -293,7 +309,14 @@ class FlashDecode:
             for r in cutlass.range_constexpr(cute.size(tScS, mode=[0])):
                 sLSE[tScS[r, 0][0], warp_idx] = lse_w[r]
         cute.arch.sync_threads()
-        self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
+        if cutlass.const_expr(self.cluster):
+            rows_sO = cute.make_tensor(cute.recast_ptr(sV.iterator, dtype=cutlass.Float32),
+                                       cute.make_layout((TILE_ROWS, D), stride=(D, 1)))
+            row_lse = storage.sRowLSE.get_tensor(cute.make_layout(TILE_ROWS))
+            self._cluster_write(t, sO, sLSE, (rows_sO, row_lse), batch, split, head_kv, group,
+                                row0, rows, tidx)
+        else:
+            self._write(t, sO, sLSE, batch, split, head_kv, group, row0, rows, tidx)
         if cutlass.const_expr(self.serial):
             arrival = storage.arrival.get_tensor(cute.make_layout(1))
             counter = bh * cute.arch.grid_dim()[0] + m_block
@@ -444,6 +467,26 @@ class FlashDecode:
                 t.merged_lse[batch, head, pos] = safe_top + cute.math.log(total, fastmath=True)
 
     @cute.jit
+    def _warps_merged(self, sO: cute.Tensor, sLSE: cute.Tensor, r, c,
+                      acc: cute.Tensor) -> cutlass.Float32:
+        """Row ``r``'s columns ``c ..`` (``VEC``) merged over the warps' (O, LSE) by their
+        LSEs into ``acc``; returns the row's LSE (-inf where no warp saw a key)."""
+        top = -cutlass.Float32.inf
+        for w in cutlass.range_constexpr(DECODE_WARPS):
+            top = cute.arch.fmax(top, sLSE[r, w])
+        safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
+        total = cutlass.Float32(0.0)
+        acc.fill(0.0)
+        for w in cutlass.range_constexpr(DECODE_WARPS):
+            weight = cute.math.exp(sLSE[r, w] - safe_top, fastmath=True)
+            total = total + weight
+            for j in cutlass.range_constexpr(VEC):
+                acc[j] = acc[j] + weight * sO[r, c + j, w]
+        inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+        acc.store(acc.load() * inverse)
+        return safe_top + cute.math.log(total, fastmath=True)
+
+    @cute.jit
     def _write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor, batch, split,
                head_kv, group, row0, rows, tidx):
         """Merge the warps' (O, LSE) of each row and write the tile's rows (a split's partial
@@ -452,29 +495,69 @@ class FlashDecode:
         out_batch = batch
         if cutlass.const_expr(self.spec.split):
             out_batch = split * t.q.shape[0] + batch
-        # Per row: the merged LSE and each warp's weight exp(lse_w - lse).
+        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
         for i in cutlass.range_constexpr(TILE_ROWS * D // VEC // THREADS):
             index = i * THREADS + tidx
             r, c = index // (D // VEC), index % (D // VEC) * VEC
             if row0 + r < rows:
-                top = -cutlass.Float32.inf
-                for w in cutlass.range_constexpr(DECODE_WARPS):
-                    top = cute.arch.fmax(top, sLSE[r, w])
-                safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
-                total = cutlass.Float32(0.0)
-                acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-                acc.fill(0.0)
-                for w in cutlass.range_constexpr(DECODE_WARPS):
-                    weight = cute.math.exp(sLSE[r, w] - safe_top, fastmath=True)
-                    total = total + weight
-                    for j in cutlass.range_constexpr(VEC):
-                        acc[j] = acc[j] + weight * sO[r, c + j, w]
-                inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+                lse = self._warps_merged(sO, sLSE, r, c, acc)
                 row = row0 + r
                 dst = cute.local_tile(
                     t.out[out_batch, row // group, head_kv * group + row % group, None],
                     (VEC,), (c // VEC,))
-                dst.store((acc.load() * inverse).to(t.out.element_type))
+                dst.store(acc.load().to(t.out.element_type))
                 if c == 0:
-                    t.lse[out_batch, head_kv * group + row % group, row // group] = (
-                        safe_top + cute.math.log(total, fastmath=True))
+                    t.lse[out_batch, head_kv * group + row % group, row // group] = lse
+
+    @cute.jit
+    def _cluster_write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor,
+                       staged: tuple, batch, split, head_kv, group, row0, rows, tidx):
+        """The cluster merge (module docstring): this CTA's rows merged over its warps into
+        ``staged`` (O ``[TILE_ROWS, D]`` and LSE, fp32), the cluster barrier, then this
+        thread's items of the tile (cluster CTA ``split``'s share) merged over every peer's
+        staged rows by their LSEs and written; a last barrier keeps ``staged`` until the
+        peers have read it."""
+        D, splits = self.head_dim, self.cluster
+        rows_o, rows_lse = staged
+        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+        for i in cutlass.range_constexpr(TILE_ROWS * D // VEC // THREADS):
+            index = i * THREADS + tidx
+            r, c = index // (D // VEC), index % (D // VEC) * VEC
+            lse = self._warps_merged(sO, sLSE, r, c, acc)
+            cute.local_tile(rows_o[r, None], (VEC,), (c // VEC,)).store(acc.load())
+            if c == 0:
+                rows_lse[r] = lse
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        items = TILE_ROWS * D // VEC
+        o_base, lse_base = rows_o.iterator.toint(), rows_lse.iterator.toint()
+        for j in cutlass.range_constexpr(-(-items // (splits * THREADS))):
+            index = (j * splits + split) * THREADS + tidx
+            r, c = index // (D // VEC), index % (D // VEC) * VEC
+            if index < items:
+                if row0 + r < rows:
+                    # Every peer's LSE and vector loaded before the first is used.
+                    lses = [load_peer_f32(lse_base + r * 4, s) for s in range(splits)]
+                    vecs = [load_peer_v4(o_base + (r * D + c) * 4, s) for s in range(splits)]
+                    top = lses[0]
+                    for s in cutlass.range_constexpr(1, splits):
+                        top = cute.arch.fmax(top, lses[s])
+                    safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
+                    total = cutlass.Float32(0.0)
+                    acc.fill(0.0)
+                    for s in cutlass.range_constexpr(splits):
+                        weight = cute.math.exp(lses[s] - safe_top, fastmath=True)
+                        total = total + weight
+                        for k in cutlass.range_constexpr(VEC):
+                            acc[k] = acc[k] + weight * vecs[s][k]
+                    inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+                    row = row0 + r
+                    dst = cute.local_tile(
+                        t.out[batch, row // group, head_kv * group + row % group, None],
+                        (VEC,), (c // VEC,))
+                    dst.store((acc.load() * inverse).to(t.out.element_type))
+                    if c == 0:
+                        t.lse[batch, head_kv * group + row % group, row // group] = (
+                            safe_top + cute.math.log(total, fastmath=True))
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()

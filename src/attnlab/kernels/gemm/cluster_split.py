@@ -14,23 +14,8 @@ meeting is spread over all the slices instead of falling on the last one.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
 
-#: fp32 values one consumer thread sums at a time (one 16-byte shared-memory load per slice).
-VECTOR = 4
-
-
-def load_peer_v4(local_addr, rank) -> list:
-    """The four fp32 values at shared-memory address ``local_addr`` (this CTA's offset) in the
-    shared memory of cluster CTA ``rank`` (``mapa``, then one ``ld.shared::cluster.v4``)."""
-    result = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * VECTOR),
-        [cutlass.Int32(local_addr).ir_value(), cutlass.Int32(rank).ir_value()],
-        "{ .reg .b32 a; mapa.shared::cluster.u32 a, $4, $5;\n"
-        "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [a]; }",
-        "=f,=f,=f,=f,r,r", has_side_effects=True)
-    return [cutlass.Float32(llvm.extractvalue(T.f32(), result, [i])) for i in range(VECTOR)]
+from attnlab.kernels.common.dsmem import VECTOR, load_peer_v4
 
 
 @cute.jit
