@@ -362,16 +362,17 @@ class _DecodeCall:
         dtype = str(q.dtype).removeprefix("torch.")
         self.scale, (self.left, self.right) = problem
         windowed = (self.left, self.right) != encode_window((-1, -1))
-        self.cluster = cluster_merge(self.splits, tiles * batch * heads_kv,
-                                     info.multiprocessors, info.arch)
+        boxes = tma_rows(info.arch, keys_per_warp * DECODE_WARPS,
+                         k_cache.shape[1] if paged else None)
+        # The cluster merge is built on the row gathers only.
+        self.cluster = not boxes and cluster_merge(self.splits, tiles * batch * heads_kv,
+                                                   info.multiprocessors, info.arch)
         self.serial = not self.cluster and serial_merge(self.splits, kv_blocks)
         #: Counters of a serial merge: one per (query tile, sequence x K/V head).
         self.tiles = tiles * batch * heads_kv
         spec = DecodeSpec(info.arch, dtype, head_dim, paged, batch_idx, windowed,
                           self.splits > 1 and not self.cluster, keys_per_warp, stages,
-                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial,
-                          tma_rows(info.arch, keys_per_warp * DECODE_WARPS,
-                                   k_cache.shape[1] if paged else None),
+                          v_cache.stride()[:2] != k_cache.stride()[:2], self.serial, boxes,
                           self.splits if self.cluster else 0)
         self.decode = kernel_cache.get(spec).fn
         self.combine = self.split_decode = None

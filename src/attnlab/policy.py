@@ -551,8 +551,8 @@ def default_backward_specs(arch: str) -> list[BackwardSpec | PreprocessSpec]:
 def decode_specs(arch: str) -> list[DecodeSpec | CombineSpec]:
     """The decoding kernels a call may build on ``arch``, bf16: every head dim whose tile fits,
     contiguous and paged, whole and split (merged by the combine, serially or, on sm_90a, in
-    clusters of two), and the combine (``attnlab audit``'s family; the masked and ``cache_batch_idx`` variants differ
-    only in their row addressing)."""
+    clusters of two), and the combine (``attnlab audit``'s family; the masked and
+    ``cache_batch_idx`` variants differ only in their row addressing)."""
     from attnlab.decode import decode_tile
 
     specs: list[DecodeSpec | CombineSpec] = []
