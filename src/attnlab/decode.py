@@ -81,7 +81,7 @@ MIN_SPLIT_BLOCKS = 2
 #: one wave, up to ``CLUSTER_MERGE_SPLITS`` on up to half a wave. On an H200 (fifty-sixth
 #: session, docs/decode.md), device only: two splits +1.2 % (8 x 32k GQA), +2.5 / +4.7 % paged
 #: (8 x 4k GQA, 64 x 4k MQA), eight at half a wave +13 % (8 x 4k MQA against the serial merge),
-#: four there even; but clusters of 4-16 on a whole wave (128 CTAs) ran 25-27 % slower: not
+#: four there even; but clusters of 4-16 on a whole wave (128 CTAs) ran 23-31 % slower: not
 #: all of them fit the GPU's GPCs at once.
 CLUSTER_MERGE = True
 #: The most splits merged in a cluster: 8, the portable cluster size (16 needs an opt-in that

@@ -469,19 +469,27 @@ class FlashDecode:
     @cute.jit
     def _warps_merged(self, sO: cute.Tensor, sLSE: cute.Tensor, r, c,
                       acc: cute.Tensor) -> cutlass.Float32:
-        """Row ``r``'s columns ``c ..`` (``VEC``) merged over the warps' (O, LSE) by their
-        LSEs into ``acc``; returns the row's LSE (-inf where no warp saw a key)."""
-        top = -cutlass.Float32.inf
-        for w in cutlass.range_constexpr(DECODE_WARPS):
-            top = cute.arch.fmax(top, sLSE[r, w])
+        """Row ``r``'s columns ``c ..`` (``VEC``) merged over the warps' (O, LSE) into
+        ``acc``; returns the row's LSE."""
+        return self._merge_by_lse(
+            [sLSE[r, w] for w in range(DECODE_WARPS)],
+            [[sO[r, c + j, w] for j in range(VEC)] for w in range(DECODE_WARPS)], acc)
+
+    @cute.jit
+    def _merge_by_lse(self, lses: list, vectors: list, acc: cute.Tensor) -> cutlass.Float32:
+        """``acc`` = the ``vectors`` (``VEC`` values each) weighted by exp(their LSE - the
+        largest), normalised; returns the merged LSE (-inf where every LSE is: no key)."""
+        top = lses[0]
+        for s in cutlass.range_constexpr(1, len(lses)):
+            top = cute.arch.fmax(top, lses[s])
         safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
         total = cutlass.Float32(0.0)
         acc.fill(0.0)
-        for w in cutlass.range_constexpr(DECODE_WARPS):
-            weight = cute.math.exp(sLSE[r, w] - safe_top, fastmath=True)
+        for s in cutlass.range_constexpr(len(lses)):
+            weight = cute.math.exp(lses[s] - safe_top, fastmath=True)
             total = total + weight
             for j in cutlass.range_constexpr(VEC):
-                acc[j] = acc[j] + weight * sO[r, c + j, w]
+                acc[j] = acc[j] + weight * vectors[s][j]
         inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
         acc.store(acc.load() * inverse)
         return safe_top + cute.math.log(total, fastmath=True)
@@ -501,13 +509,17 @@ class FlashDecode:
             r, c = index // (D // VEC), index % (D // VEC) * VEC
             if row0 + r < rows:
                 lse = self._warps_merged(sO, sLSE, r, c, acc)
-                row = row0 + r
-                dst = cute.local_tile(
-                    t.out[out_batch, row // group, head_kv * group + row % group, None],
-                    (VEC,), (c // VEC,))
-                dst.store(acc.load().to(t.out.element_type))
-                if c == 0:
-                    t.lse[out_batch, head_kv * group + row % group, row // group] = lse
+                self._store(t, acc, lse, out_batch, row0 + r, c, head_kv, group)
+
+    @cute.jit
+    def _store(self, t: DecodeArgs, acc: cute.Tensor, lse, out_batch, row, c, head_kv, group):
+        """Packed row ``row``'s columns ``c ..`` (``acc``) into ``out`` and, from its first
+        vector, its LSE into ``lse`` (batch index ``out_batch``)."""
+        head = head_kv * group + row % group
+        dst = cute.local_tile(t.out[out_batch, row // group, head, None], (VEC,), (c // VEC,))
+        dst.store(acc.load().to(t.out.element_type))
+        if c == 0:
+            t.lse[out_batch, head, row // group] = lse
 
     @cute.jit
     def _cluster_write(self, t: DecodeArgs, sO: cute.Tensor, sLSE: cute.Tensor,
@@ -537,27 +549,10 @@ class FlashDecode:
             if index < items:
                 if row0 + r < rows:
                     # Every peer's LSE and vector loaded before the first is used.
-                    lses = [load_peer_f32(lse_base + r * 4, s) for s in range(splits)]
-                    vecs = [load_peer_v4(o_base + (r * D + c) * 4, s) for s in range(splits)]
-                    top = lses[0]
-                    for s in cutlass.range_constexpr(1, splits):
-                        top = cute.arch.fmax(top, lses[s])
-                    safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
-                    total = cutlass.Float32(0.0)
-                    acc.fill(0.0)
-                    for s in cutlass.range_constexpr(splits):
-                        weight = cute.math.exp(lses[s] - safe_top, fastmath=True)
-                        total = total + weight
-                        for k in cutlass.range_constexpr(VEC):
-                            acc[k] = acc[k] + weight * vecs[s][k]
-                    inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
-                    row = row0 + r
-                    dst = cute.local_tile(
-                        t.out[batch, row // group, head_kv * group + row % group, None],
-                        (VEC,), (c // VEC,))
-                    dst.store((acc.load() * inverse).to(t.out.element_type))
-                    if c == 0:
-                        t.lse[batch, head_kv * group + row % group, row // group] = (
-                            safe_top + cute.math.log(total, fastmath=True))
+                    lse = self._merge_by_lse(
+                        [load_peer_f32(lse_base + r * 4, s) for s in range(splits)],
+                        [load_peer_v4(o_base + (r * D + c) * 4, s) for s in range(splits)],
+                        acc)
+                    self._store(t, acc, lse, batch, row0 + r, c, head_kv, group)
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
