@@ -35,7 +35,8 @@ from attnlab.kernels.abi import (
 from attnlab.memo import remember
 from attnlab.validation import check_kvcache_inputs, check_kvcache_values, wants_grad
 
-#: Largest split count the call picks itself (``num_splits=0``; up to 128 may be asked for).
+#: Largest split count the call picks itself (``num_splits=0``; up to 128 may be asked for;
+#: a paged cache on a GPU whose DRAM outruns half its SMs' paged CTAs: ``PAGED_WAVE_SPLITS``).
 #: Each split's partial output is a [B, Sq, Hq, D] fp32 tensor, and every partial is read
 #: again to merge: where one tile's walk is split 128 ways (B = 1 MQA from 32k keys), 64
 #: splits read 1 x 32k 19 % and 1 x 128k 9 % faster on an H100, device only (thirty-fourth
