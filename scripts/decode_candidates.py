@@ -30,10 +30,9 @@ import math
 from pathlib import Path
 
 import torch
-from decode_spans import parse_points
 
 from attnlab import device, kernel_cache
-from attnlab.bench.decode import PAGE_SIZE, decode_sets, kv_bytes
+from attnlab.bench.decode import PAGE_SIZE, decode_sets, kv_bytes, parse_points
 from attnlab.bench.runner import Point
 from attnlab.bench.timing import (
     MAX_CALLS_PER_SPAN,

@@ -27,17 +27,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnlab import device
 from attnlab.analysis.timeline import call_spans
-from attnlab.bench.decode import decode_impls, decode_sets
+from attnlab.bench.decode import decode_impls, decode_sets, parse_points
 from attnlab.bench.runner import Point
 from attnlab.bench.timing import MAX_CALLS_PER_SPAN, sample_back_to_back
 
 POINTS = ((1, 4096, 32, 8), (8, 4096, 32, 8), (1, 4096, 8, 1), (8, 4096, 8, 1))
 HEAD_DIM = 128
-
-
-def parse_points(text: str) -> tuple[tuple[int, int, int, int], ...]:
-    """``"1:32768:8:1,1:131072:8:1"`` -> ((1, 32768, 8, 1), (1, 131072, 8, 1))."""
-    return tuple(tuple(int(v) for v in point.split(":")) for point in text.split(","))
 
 
 def kernel_intervals(prof) -> list[tuple[float, float]]:

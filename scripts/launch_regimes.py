@@ -24,17 +24,13 @@ from pathlib import Path
 import torch
 
 from attnlab import device
-from attnlab.bench.decode import decode_impls, decode_sets
+from attnlab.bench.decode import decode_impls, decode_sets, parse_points
 from attnlab.bench.runner import Point
 
 POINTS = ((1, 4096, 8, 1), (1, 32768, 8, 1), (1, 131072, 8, 1), (1, 4096, 32, 8))
 HEAD_DIM = 128
 CALLS = 50
 ROUNDS = 15
-
-
-def parse_points(text: str) -> tuple[tuple[int, int, int, int], ...]:
-    return tuple(tuple(int(v) for v in point.split(":")) for point in text.split(","))
 
 
 def sleep_cycles(ms: float) -> int:

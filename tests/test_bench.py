@@ -547,3 +547,11 @@ def test_decode_points_too_large_for_the_gpu_are_skipped_with_their_sizes():
     tiny = decode_points([1], [4096], [(8, 1)])[0]
     assert set_count(tiny, l2) > 1
     assert inputs_too_large(tiny, l2, set_count(tiny, l2) * kv_bytes(tiny)) is not None
+
+
+def test_decode_scripts_read_points_as_batch_keys_and_heads():
+    from attnlab.bench.decode import parse_points
+
+    assert parse_points("1:131072:8:1,64:4096:32:8") == ((1, 131072, 8, 1), (64, 4096, 32, 8))
+    with pytest.raises(ValueError):
+        parse_points("1:4k:8:1")

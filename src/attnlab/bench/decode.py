@@ -31,6 +31,12 @@ def decode_points(batches: list[int], cache_lens: list[int], groups: list[tuple[
             for hq, hkv in groups for n in cache_lens for b in batches]
 
 
+def parse_points(text: str) -> tuple[tuple[int, int, int, int], ...]:
+    """The scripts' ``--points``: ``"1:32768:8:1,1:131072:8:1"`` (batch, keys, query heads,
+    K/V heads) -> ((1, 32768, 8, 1), (1, 131072, 8, 1))."""
+    return tuple(tuple(int(v) for v in point.split(":")) for point in text.split(","))
+
+
 def kv_bytes(point: Point) -> int:
     """Bytes of K and V one step reads."""
     return 2 * point.batch * point.seqlen_k * point.kv_heads * point.head_dim * 2
