@@ -68,6 +68,10 @@
 #            and paged)
 #   decmerge the decoding GPU tests, then the combine kernel against the serial merge
 #            (scripts/decode_candidates.py --merge: device only and end to end)
+#   readprobe [ARGS]  the streaming reader's GPU tests, then how fast one kernel reads N bytes:
+#            torch.sum and the reader, static ranges against chunks taken from a counter,
+#            with the CTAs' start and end spreads (scripts/read_ceiling.py --probe ARGS, e.g.
+#            --mib 64 128 --grid 64 128 132)
 #   decspans [--points B:KEYS:HQ:HKV,...] the same points' (or these) back-to-back spans on
 #            the device's clock, contiguous and paged
 #            (scripts/decode_spans.py: end to end per call, then a torch.profiler kernel
@@ -312,6 +316,12 @@ sm__cycles_active.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sust
       | tee -a "$log" | tail -5
     python3 scripts/decode_candidates.py --merge --out "$OUT/decmerge" 2>&1 | grep -v Warning \
       | tee -a "$log"
+    ;;
+  readprobe)
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ceilings.py -k stream 2>&1 \
+      | tee -a "$log" | tail -3
+    python3 scripts/read_ceiling.py --probe --out "$OUT/readprobe" "${@:2}" 2>&1 \
+      | grep -v Warning | tee -a "$log"
     ;;
   decspans)
     python3 scripts/decode_spans.py --out "$OUT/decspans" "${@:2}" 2>&1 | grep -v Warning \

@@ -65,3 +65,46 @@ def test_mma_sync_rate_bounds_the_attention_kernel():
     kernel = time_calls(lambda i: attention(q, k, v, config=config), warmup=3, runs=10)
     attention_rate = attention_flops(1, 16, 4096, 4096, 128) / (kernel.median_ms * 1e-3)
     assert attention_rate < rate < 1.1 * matmul_rate(runs=10)
+
+
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_stream_reader_keeps_its_rounds_in_flight(dynamic, tmp_path):
+    """The read-ceiling study's reader: a round is UNROLL 16-byte ``cp.async`` copies a
+    thread, then one commit and a wait that leaves STAGES - 1 rounds outstanding; the dynamic
+    reader takes its chunks by one atomic add, the static one has none; no local memory."""
+    from attnlab.kernels.common.stream_read import STAGES, UNROLL, compile_stream_read
+
+    compile_stream_read("sm_90a", 256 << 10, dynamic, dump_dir=tmp_path)
+    cubin, _ = dumped_binary(tmp_path)
+    sass = disassemble(cubin)
+    ops = histogram(parse(sass))
+    assert ops["LDGSTS"] == UNROLL and ops["LDGDEPBAR"] == 1
+    assert f"DEPBAR.LE SB0, 0x{STAGES - 1:x}" in sass
+    assert ops.get("ATOMG", 0) == int(dynamic)
+    assert not {"LDL", "STL"} & set(ops)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_stream_reader_hands_out_every_chunk_once(dynamic):
+    """A call's counter moves by exactly the buffer's chunk count (the next call's ``base``),
+    and every CTA stamps a start before its end."""
+    import torch
+
+    from attnlab import device
+    from attnlab.kernels.common.stream_read import THREADS, compile_stream_read
+
+    chunk, grid = 64 << 10, 16
+    reader = compile_stream_read(device.info().arch, chunk, dynamic)
+    buf = torch.randint(-2**31, 2**31 - 1, (48 * chunk // 4,), device="cuda", dtype=torch.int32)
+    counter = torch.full((1,), 5, device="cuda", dtype=torch.int32)
+    sink = torch.empty(grid * THREADS, device="cuda", dtype=torch.int32)
+    for call in range(2):
+        stamps = torch.zeros(2 * grid, device="cuda", dtype=torch.int64)
+        reader(buf, counter, stamps, sink, 5 + call * 48)
+        torch.cuda.synchronize()
+        assert counter.item() == 5 + (call + 1) * 48 * dynamic
+        clock = stamps.view(grid, 2)
+        assert bool((clock[:, 0] > 0).all()) and bool((clock[:, 1] > clock[:, 0]).all())
