@@ -118,6 +118,26 @@ def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
     assert not res.spills and res.registers <= 255, res
 
 
+
+@pytest.mark.parametrize("arch, head_dim", [("sm_90a", 64), ("sm_90a", 128), ("sm_90a", 256),
+                                            ("sm_80", 128), ("sm_80", 256)])
+def test_staged_warp_outputs_take_their_stores_without_bank_conflicts(arch, head_dim):
+    """After the walk each warp stores its accumulator (8-byte column pairs of 8 rows at once)
+    into the K ring for the warps' merge: with the rows padded (``O_PAD``), every half-warp
+    phase of a store is one wavefront, where unpadded rows put 4 rows on the same banks; the
+    padding stays out where the ring cannot hold it (sm_80 hd256)."""
+    from attnlab.analysis.banks import fragment_store_coords, instruction_ways
+
+    kpw, stages = decode_tile(head_dim, arch)
+    kernel = FlashDecode(DecodeSpec(arch, "bfloat16", head_dim, keys_per_warp=kpw,
+                                    kv_stages=stages, split=True))
+    ring = stages * kpw * DECODE_WARPS * head_dim * 2
+    assert DECODE_WARPS * 16 * kernel.o_stride * 4 <= ring
+    padded = kernel.o_stride > head_dim
+    assert padded == ((arch, head_dim) != ("sm_80", 256))
+    for col0 in range(0, head_dim, 8):
+        store = [(r * kernel.o_stride + c) * 4 for r, c in fragment_store_coords(0, col0)]
+        assert max(instruction_ways(store, 8)) == (1 if padded else 4)
 # (head dim, knobs): TMA boxes of a block (contiguous), of a page shorter than a block, and
 # of a block inside a longer page.
 TMA_COMPILED = [(128, {"tma_rows": 128, "split": True}),

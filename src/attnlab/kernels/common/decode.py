@@ -73,6 +73,11 @@ FRAGS = 2
 THREADS = 32 * DECODE_WARPS
 #: Splits whose partials a serial merge's thread has in flight at once.
 MERGE_SPLITS = 16
+#: fp32 padding of each row of the warps' staged outputs, where the K ring holds it. A warp's
+#: accumulator store (8-byte column pairs) takes two half-warp phases of 4 rows each; rows of
+#: 64-256 floats start on the same bank, so each phase is 4 wavefronts; 8 floats more a row
+#: put the 4 rows on 4 different quarters of the banks: one wavefront.
+O_PAD = 8
 
 
 class FlashDecode:
@@ -84,6 +89,10 @@ class FlashDecode:
         self.dtype = element_type(spec.dtype)
         self.head_dim = spec.head_dim
         self.block_n = spec.keys_per_warp * DECODE_WARPS
+        #: Row stride (floats) of the warps' outputs, staged in the K ring after the walk.
+        ring_bytes = spec.kv_stages * self.block_n * self.head_dim * 2
+        fits = DECODE_WARPS * TILE_ROWS * (self.head_dim + O_PAD) * 4 <= ring_bytes
+        self.o_stride = self.head_dim + (O_PAD if fits else 0)
         #: Programmatic dependent launch (sm_90): see ``PDL`` in the module docstring.
         self.pdl = spec.arch == "sm_90a"
         #: The splits merge in the kernel: see ``Serial merge`` in the module docstring.
@@ -116,7 +125,8 @@ class FlashDecode:
         q_layout = smem_tile_layout("xor", TILE_ROWS, D)
         # The warps' partial outputs reuse the K ring once the walk is done.
         assert cute.cosize(kv_layout) * self.dtype.width >= (
-            DECODE_WARPS * TILE_ROWS * D * 32), "the K ring must hold the warps' outputs"
+            DECODE_WARPS * TILE_ROWS * self.o_stride * 32), "the K ring must hold the warps' " \
+            "outputs"
         fields = {
             "sQ": shared_tile(self.dtype, q_layout),
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
@@ -142,7 +152,10 @@ class FlashDecode:
                     SharedStorage, group, pages, kv_tma).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
             block=[THREADS, 1, 1], cluster=[1, 1, self.cluster] if self.cluster else None,
-            stream=stream, use_pdl=self.pdl)
+            # Without it ptxas held the kernel to 168 registers and spilled once the staged
+            # rows were padded (207 with it, no spill); at 128 threads a CTA even at 255
+            # registers leaves room for a second where shared memory does (hd <= 64).
+            stream=stream, use_pdl=self.pdl, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
@@ -301,7 +314,8 @@ class FlashDecode:
         cute.arch.sync_threads()
         sO = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=cutlass.Float32),
                               cute.make_layout((TILE_ROWS, D, DECODE_WARPS),
-                                               stride=(D, 1, TILE_ROWS * D)))
+                                               stride=(self.o_stride, 1,
+                                                       TILE_ROWS * self.o_stride)))
         sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_ROWS, DECODE_WARPS),
                                                         stride=(1, TILE_ROWS)))
         store_fragment(acc_O, sO[None, None, warp_idx], mma, lane)
@@ -460,7 +474,7 @@ class FlashDecode:
             top, total = merge_splits(t.out, t.lse, (batch, batch_size, pos, head), c, 0,
                                       t.num_splits, 1, MERGE_SPLITS, acc)
             safe_top = cutlass.Float32(0.0) if top == -cutlass.Float32.inf else top
-            inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+            inverse = cutlass.Float32(0.0) if total == 0.0 else cute.arch.rcp_approx(total)
             dst = cute.local_tile(t.merged_out[batch, pos, head, None], (VEC,), (c // VEC,))
             dst.store((acc.load() * inverse).to(t.merged_out.element_type))
             if c == 0:
@@ -490,7 +504,7 @@ class FlashDecode:
             total = total + weight
             for j in cutlass.range_constexpr(VEC):
                 acc[j] = acc[j] + weight * vectors[s][j]
-        inverse = cutlass.Float32(0.0) if total == 0.0 else 1.0 / total
+        inverse = cutlass.Float32(0.0) if total == 0.0 else cute.arch.rcp_approx(total)
         acc.store(acc.load() * inverse)
         return safe_top + cute.math.log(total, fastmath=True)
 
@@ -503,12 +517,16 @@ class FlashDecode:
         out_batch = batch
         if cutlass.const_expr(self.spec.split):
             out_batch = split * t.q.shape[0] + batch
-        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-        for i in cutlass.range_constexpr(TILE_ROWS * D // VEC // THREADS):
-            index = i * THREADS + tidx
-            r, c = index // (D // VEC), index % (D // VEC) * VEC
+        items = [(index // (D // VEC), index % (D // VEC) * VEC)
+                 for index in (i * THREADS + tidx
+                               for i in range(TILE_ROWS * D // VEC // THREADS))]
+        accs = [cute.make_rmem_tensor((VEC,), cutlass.Float32) for _ in items]
+        # Every item merged before any is stored (a padding row's too): no branch between
+        # them, so all their loads are in flight at once.
+        lses = [self._warps_merged(sO, sLSE, r, c, acc)
+                for (r, c), acc in zip(items, accs, strict=True)]
+        for (r, c), acc, lse in zip(items, accs, lses, strict=True):
             if row0 + r < rows:
-                lse = self._warps_merged(sO, sLSE, r, c, acc)
                 self._store(t, acc, lse, out_batch, row0 + r, c, head_kv, group)
 
     @cute.jit
