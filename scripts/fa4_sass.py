@@ -1,6 +1,6 @@
 """FA4's Hopper forward built on a GPU-less machine, its SASS beside attnlab's default.
 
-Cross-compiles ``flash_attn.cute``'s sm_90a forward (flash-attn-4, the bench's FA4 peer) for
+Cross-compiles ``flash_attn.cute``'s sm_90a forward (flash-attn-4) for
 one head dim and mask through its own interface, on torch's fake tensors (CuTe DSL builds for
 ``CUTE_DSL_ARCH``; FA4 takes the SM count from ``FLASH_ATTENTION_NUM_SMS``), keeps its cubin,
 and prints for it and for attnlab's default of the same problem: the instruction count, the
