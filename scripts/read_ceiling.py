@@ -2,12 +2,13 @@
 that cache size can reach, beside the roof (``attnlab roofline``'s 2 GiB read).
 
 One ``torch.sum`` over a bf16 buffer per call, buffers rotated so none is in L2; device time
-(CUDA events around each call) and end to end (back-to-back calls), medians. With
+(the bench's device-only clock: no launch counted) and end to end (back-to-back calls),
+medians. With
 ``--probe``, also attnlab's streaming reader (``kernels/common/stream_read.py``) on the same
 buffers: its CTAs' ranges handed out statically (one equal contiguous range a CTA, as a split
 decoding's) or taken a chunk at a time from a counter (``--chunk-kib``), one CTA an SM or
-``--grid`` CTAs; beside each rate, from the CTAs' own clocks in the median call: the spread
-of their starts and of their ends, and the kernel's span from the first start to the last
+``--grid`` CTAs; beside each rate, from the CTAs' own clocks (medians over the timed calls):
+the spread of their starts and of their ends, and the span from the first start to the last
 end.
 
     python scripts/read_ceiling.py --out OUT [--mib 16 32 64 128 256 2048]
