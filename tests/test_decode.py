@@ -111,12 +111,35 @@ def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
     # S: keys / 8 n-tiles x D / 16 k-steps; P V: D / 8 x keys / 16 (one loop body).
     assert ops["HMMA"] == keys * head_dim // 64
     copies_per_block = 2 * keys * DECODE_WARPS * head_dim // 8 // (32 * DECODE_WARPS)
-    # A block's loads per prologue stage and the loop's, then Q's few.
+    # A block's loads per prologue stage and the loop's, then Q's few and the length's.
     in_code = spec.kv_stages * copies_per_block
-    assert in_code < ops["LDGSTS"] <= in_code + 4
+    assert in_code < ops["LDGSTS"] <= in_code + 5
     res = read_resources(art.cubin, text)
     assert not res.spills and res.registers <= 255, res
 
+
+
+@pytest.mark.parametrize("knobs", [{"split": True}, {"batch_idx": True},
+                                   {"paged": True, "split": True}, {"windowed": True}])
+def test_first_blocks_are_copied_before_the_length_is_back(knobs, tmp_path):
+    """A contiguous cache's splits interleave their blocks, so without a window a split's
+    first ``kv_stages - 1`` blocks' copies are all issued before the first wait for a copy
+    (``DEPBAR``), the length by its own 4-byte copy, no global load but the cache row's
+    before it. A paged cache or a window loads the length before any block's copy."""
+    spec = DecodeSpec("sm_90a", "bfloat16", 128, **knobs)
+    listing = parse(disassemble(compile_spec(spec, tmp_path).cubin))
+    wait = next(n for n, i in enumerate(listing) if i.opcode.startswith("DEPBAR"))
+    before = [i.opcode for i in listing[:wait]]
+    copies_per_block = 2 * spec.keys_per_warp * DECODE_WARPS * 128 // 8 // THREADS
+    q_copies = 16 * 128 // 8 // THREADS
+    if spec.paged or spec.windowed:
+        first_load = next(n for n, op in enumerate(before) if op.startswith("LDG."))
+        assert sum(op.startswith("LDGSTS") for op in before[:first_load]) <= q_copies
+        return
+    wide = sum(op.startswith("LDGSTS") and op.endswith(".128") for op in before)
+    assert wide == (spec.kv_stages - 1) * copies_per_block + q_copies
+    assert sum(op.startswith("LDGSTS") and not op.endswith(".128") for op in before) == 1
+    assert sum(op.startswith("LDG.") for op in before) == spec.batch_idx
 
 
 @pytest.mark.parametrize("arch, head_dim", [("sm_90a", 64), ("sm_90a", 128), ("sm_90a", 256),

@@ -188,7 +188,12 @@ def test_paged_and_contiguous_caches_agree():
                                                block_table=table, num_splits=splits)
         dense = attnlab.attention_with_kvcache(q, dense_k, dense_v, cache_seqlens=seqlens,
                                                num_splits=splits)
-        assert torch.equal(paged, dense)
+        if splits == 1:
+            assert torch.equal(paged, dense)
+        else:
+            # A contiguous cache's splits interleave their blocks, a paged one's take ranges:
+            # the same keys merged in another order, an fp16 rounding or two apart.
+            torch.testing.assert_close(paged, dense, rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("layout", ["packed_kv", "v_padded"])

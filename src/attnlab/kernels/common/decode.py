@@ -11,6 +11,12 @@ kernel is built for bandwidth, not for tensor-core rate.
   (query tile, sequence x K/V head, split); each split walks its own range of K/V blocks and
   writes an fp32 partial output and LSE, which ``decode_combine.py`` merges. One split writes
   the output directly.
+* **Loads before the length** (a contiguous cache without a window): split ``s`` walks
+  blocks ``s, s + num_splits, ...`` instead of a range, so its first blocks do not depend on
+  the sequence's length; their copies (bounded by the cache's capacity) are issued while the
+  length is still on its way, and the rows they bring past it are zeroed in V (masked in S)
+  once it is known. A paged cache keeps the ranges and loads the length first: this way it
+  read 0.3-4 % slower (docs/decode.md).
 * **Within a CTA** the four warps split each K/V block by keys (``keys_per_warp`` each),
   every warp running its own online softmax over its keys; at the end they merge through
   shared memory by their LSEs, the same merge as the splits'.
@@ -99,6 +105,9 @@ class FlashDecode:
         self.serial = spec.split and spec.serial_merge
         #: K/V by the TMA unit: see ``K/V by the TMA unit`` in the module docstring.
         self.tma = spec.tma_rows > 0
+        #: See ``Loads before the length`` in the module docstring: not with a window, whose
+        #: first block is the length's, nor with the TMA's boxes, which are issued by it.
+        self.early = not spec.windowed and not self.tma and not spec.paged
         #: The splits merge in a cluster: see ``Cluster merge`` in the module docstring.
         self.cluster = spec.cluster_splits
         assert not self.cluster or (spec.arch == "sm_90a" and not spec.split
@@ -132,6 +141,9 @@ class FlashDecode:
             "sK": shared_tile(self.dtype, kv_layout), "sV": shared_tile(self.dtype, kv_layout),
             "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS],
             "arrival": cute.struct.MemRange[cutlass.Int32, 1]}
+        if cutlass.const_expr(self.early):
+            # Each thread's copy of its sequence's length (``Loads before the length``).
+            fields["lengths"] = cute.struct.MemRange[cutlass.Int32, THREADS]
         if cutlass.const_expr(self.cluster):
             # This CTA's rows (merged over its warps) for the peers; O goes in the V ring.
             fields["sRowLSE"] = cute.struct.MemRange[cutlass.Float32, TILE_ROWS]
@@ -142,13 +154,15 @@ class FlashDecode:
         SharedStorage = shared_storage(fields)
         load_atom = cute.make_copy_atom(cpasync.CopyG2SOp(
             cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=COPY_BITS)
+        length_atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Int32,
+                                          num_bits_per_copy=32)
         mma = cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
                                   (1, 1, 1), permutation_mnk=(16, 16, 16))
         group = q.shape[2] // k_cache.shape[2]
         rows = q.shape[1] * group
         # A page's row from a key index: one multiply-shift instead of a division per row.
         pages = cute.FastDivmodDivisorV2(k_cache.shape[1]) if spec.paged else None
-        self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), mma,
+        self.kernel(t, q_layout, kv_layout, row_copy(load_atom, THREADS, D), length_atom, mma,
                     SharedStorage, group, pages, kv_tma).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
             block=[THREADS, 1, 1], cluster=[1, 1, self.cluster] if self.cluster else None,
@@ -159,7 +173,8 @@ class FlashDecode:
 
     @cute.kernel
     def kernel(self, t: DecodeArgs, q_layout, kv_layout, gmem_load: cute.TiledCopy,
-               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, group: cutlass.Int32,
+               length_atom: cute.CopyAtom, mma: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr, group: cutlass.Int32,
                pages: cute.FastDivmodDivisorV2 | None, kv_tma: tuple | None):
         D, spec = self.head_dim, self.spec
         B_n, kpw = self.block_n, spec.keys_per_warp
@@ -172,24 +187,8 @@ class FlashDecode:
         heads_kv = t.k_cache.shape[2]
         batch, head_kv = bh // heads_kv, bh % heads_kv
         seqlen_q = t.q.shape[1]
-        seqlen_k = t.cache_seqlens[batch]
         row0 = m_block * TILE_ROWS
         rows = seqlen_q * group
-
-        # ---- this split's K/V blocks: the keys some row of the tile sees, cut in splits ----
-        key_lo, key_hi = 0, seqlen_k
-        if cutlass.const_expr(spec.windowed):
-            # Query position s sees keys s + Sk - Sq - left ..= s + Sk - Sq + right.
-            first_q = row0 // group
-            last_q = (cutlass.min(row0 + TILE_ROWS, rows) - 1) // group
-            key_lo = cutlass.max(first_q + seqlen_k - seqlen_q - t.window_left, 0)
-            key_hi = cutlass.min(last_q + seqlen_k - seqlen_q + t.window_right + 1, seqlen_k)
-        n_lo = key_lo // B_n
-        n_hi = cute.ceil_div(cutlass.max(key_hi, 0), B_n)
-        n_hi = cutlass.max(n_hi, n_lo)
-        per_split = cute.ceil_div(n_hi - n_lo, t.num_splits)
-        n_first = cutlass.min(n_lo + split * per_split, n_hi)
-        n_last = cutlass.min(n_first + per_split, n_hi)
 
         # ---- shared memory and this thread's copies ---------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -201,7 +200,63 @@ class FlashDecode:
         if cutlass.const_expr(spec.batch_idx):
             cache_row = t.cache_batch_idx[batch]
         where = (batch, cache_row, head_kv, group, pages)
+        if cutlass.const_expr(self.early):
+            # The length comes by cp.async too (each thread its own copy, in the group of
+            # Q's rows): read after its group's wait, its first use cannot be scheduled among
+            # the block copies (from a plain load ptxas put it there, as if the length were
+            # back already, and the copies after it waited for the DRAM).
+            length = storage.lengths.get_tensor(cute.make_layout(THREADS))
+            cute.copy(length_atom, cute.local_tile(t.cache_seqlens, (1,), (batch,)),
+                      cute.local_tile(length, (1,), (tidx,)))
         self._gather_q(thr_load, gmem_load, sQ, t, row0, rows, where)
+        if cutlass.const_expr(not self.tma):
+            # Where this thread's rows of the next block to load sit in the cache
+            # (``_locate``), found a block ahead so a page-table read never stalls the copies.
+            rows_per_thread = cute.size(thr_load.partition_D(sK[None, None, 0]), mode=[1])
+            located = (cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32),
+                       cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
+        if cutlass.const_expr(self.early):
+            cute.arch.cp_async_commit_group()
+            # Blocks split, split + num_splits, ...: copies as far as the cache reaches.
+            for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                self._locate(located, thr_load, t, split + i * t.num_splits,
+                             t.k_cache.shape[1], where)
+                self._load_block(located, thr_load, gmem_load, t, sK, sV,
+                                 split + i * t.num_splits, i, t.k_cache.shape[1], where)
+                cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(spec.kv_stages - 1)
+            seqlen_k = length[tidx]
+        else:
+            seqlen_k = t.cache_seqlens[batch]
+
+        # ---- this split's K/V blocks: the keys some row of the tile sees, cut in splits ----
+        key_lo, key_hi = 0, seqlen_k
+        if cutlass.const_expr(spec.windowed):
+            # Query position s sees keys s + Sk - Sq - left ..= s + Sk - Sq + right.
+            first_q = row0 // group
+            last_q = (cutlass.min(row0 + TILE_ROWS, rows) - 1) // group
+            key_lo = cutlass.max(first_q + seqlen_k - seqlen_q - t.window_left, 0)
+            key_hi = cutlass.min(last_q + seqlen_k - seqlen_q + t.window_right + 1, seqlen_k)
+        n_lo = key_lo // B_n
+        n_hi = cutlass.max(cute.ceil_div(cutlass.max(key_hi, 0), B_n), n_lo)
+        # This split's blocks: first, first + step, ..., count of them.
+        if cutlass.const_expr(self.early):
+            first, step = split, t.num_splits
+            count = cute.ceil_div(cutlass.max(n_hi - first, 0), step)
+        else:
+            per_split = cute.ceil_div(n_hi - n_lo, t.num_splits)
+            first, step = cutlass.min(n_lo + split * per_split, n_hi), 1
+            count = cutlass.min(first + per_split, n_hi) - first
+        walk = (first, step, count)
+        if cutlass.const_expr(self.early):
+            for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                copied = first + i * step
+                if copied * B_n < seqlen_k and (copied + 1) * B_n > seqlen_k:
+                    # The block where the sequence ends, copied before its length was
+                    # known: once this thread's rows have landed, those past the end are
+                    # zeroed in V (the loop's first barrier publishes them).
+                    cute.arch.cp_async_wait_group(spec.kv_stages - 2 - i)
+                    self._zero_rows_past(thr_load, sV[None, None, i], copied, seqlen_k)
         boxes = None
         if cutlass.const_expr(self.tma):
             issuer = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -216,24 +271,20 @@ class FlashDecode:
             located = (cute.make_rmem_tensor((B_n // spec.tma_rows,), cutlass.Int32)
                        if cutlass.const_expr(spec.paged) else None)
             for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                self._issue_boxes(boxes, located, t, issuer, n_first + i, i, n_last,
+                self._issue_boxes(boxes, located, t, issuer, walk, i, i,
                                   (batch, head_kv, cache_row), seqlen_k, i == 0)
             cute.arch.cp_async_commit_group()
         else:
-            # Where this thread's rows of the next block to load sit in the cache
-            # (``_locate``), found a block ahead so a page-table read never stalls the copies.
-            rows_per_thread = cute.size(thr_load.partition_D(sK[None, None, 0]), mode=[1])
-            located = (cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32),
-                       cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
-            for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                if n_first + i < n_last:
-                    self._locate(located, thr_load, t, n_first + i, seqlen_k, where)
-                    self._load_block(located, thr_load, gmem_load, t, sK, sV, n_first + i, i,
-                                     seqlen_k, where)
-                cute.arch.cp_async_commit_group()
-            if n_first + spec.kv_stages - 1 < n_last:
-                self._locate(located, thr_load, t, n_first + spec.kv_stages - 1, seqlen_k,
-                             where)
+            if cutlass.const_expr(not self.early):
+                for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                    if i < count:
+                        self._locate(located, thr_load, t, first + i * step, seqlen_k, where)
+                        self._load_block(located, thr_load, gmem_load, t, sK, sV,
+                                         first + i * step, i, seqlen_k, where)
+                    cute.arch.cp_async_commit_group()
+            if spec.kv_stages - 1 < count:
+                self._locate(located, thr_load, t, first + (spec.kv_stages - 1) * step,
+                             seqlen_k, where)
 
         # ---- this warp's slice of every block: S = Q K^T, online softmax, O += P V ---------
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -262,16 +313,16 @@ class FlashDecode:
         tScS = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_ROWS, kpw))))
         softmax = OnlineSoftmax.create(cute.size(tScS, mode=[0]), t.softmax_scale, True, True)
 
-        for n_block in cutlass.range(n_first, n_last, unroll=1):
-            it = n_block - n_first
+        for it in cutlass.range(count, unroll=1):
+            n_block = first + it * step
             stage = it % spec.kv_stages
             if cutlass.const_expr(self.tma):
                 # Q's copies (the first block only has any).
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.sync_threads()
                 # Every warp is past the block before: its stage takes the next one in.
-                self._issue_boxes(boxes, located, t, warp_idx, n_block + spec.kv_stages - 1,
-                                  (it + spec.kv_stages - 1) % spec.kv_stages, n_last,
+                self._issue_boxes(boxes, located, t, warp_idx, walk, it + spec.kv_stages - 1,
+                                  (it + spec.kv_stages - 1) % spec.kv_stages,
                                   (batch, head_kv, cache_row), seqlen_k, False)
                 decode_tma.wait(boxes, it, stage, spec.kv_stages)
                 if (n_block + 1) * B_n > seqlen_k:
@@ -281,14 +332,16 @@ class FlashDecode:
                 cute.arch.cp_async_wait_group(spec.kv_stages - 2)
                 cute.arch.sync_threads()
                 # Every warp is past the block before: its stage takes the next one in.
-                ahead = n_block + spec.kv_stages - 1
-                if ahead < n_last:
-                    self._load_block(located, thr_load, gmem_load, t, sK, sV, ahead,
+                ahead = it + spec.kv_stages - 1
+                if ahead < count:
+                    self._load_block(located, thr_load, gmem_load, t, sK, sV,
+                                     first + ahead * step,
                                      (it + spec.kv_stages - 1) % spec.kv_stages, seqlen_k,
                                      where)
                 cute.arch.cp_async_commit_group()
-                if ahead + 1 < n_last:
-                    self._locate(located, thr_load, t, ahead + 1, seqlen_k, where)
+                if ahead + 1 < count:
+                    self._locate(located, thr_load, t, first + (ahead + 1) * step, seqlen_k,
+                                 where)
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_ROWS, kpw)),
                                           cutlass.Float32)
@@ -387,21 +440,24 @@ class FlashDecode:
                     dst[None, m, None].fill(0)
 
     @cute.jit
-    def _issue_boxes(self, boxes: BoxLoads, located, t: DecodeArgs, warp_idx, n_block, stage,
-                     n_last, where: tuple, seqlen_k, first: cutlass.Constexpr):
-        """Warp 0 issues block ``n_block`` (if in the walk) into ``stage`` and, paged, looks
-        up the next block's pages (a contiguous cache's boxes need no lookup); ``located``
-        holds ``n_block``'s pages already, but for the walk's ``first`` block."""
+    def _issue_boxes(self, boxes: BoxLoads, located, t: DecodeArgs, warp_idx, walk: tuple,
+                     it, stage, where: tuple, seqlen_k, first: cutlass.Constexpr):
+        """Warp 0 issues the ``walk``'s block ``it`` (``(first block, step, count)``; if in
+        it) into ``stage`` and, paged, looks up the next one's pages (a contiguous cache's
+        boxes need no lookup); ``located`` holds block ``it``'s pages already, but for the
+        walk's ``first`` block."""
         batch, head_kv, cache_row = where
+        start, step, count = walk
+        n_block = start + it * step
         if warp_idx == 0:
-            if n_block < n_last:
+            if it < count:
                 if cutlass.const_expr(self.spec.paged and first):
                     decode_tma.locate(boxes, located, t.block_table, batch, n_block, seqlen_k)
                 decode_tma.issue(boxes, located, n_block, stage, head_kv, cache_row, seqlen_k)
                 if cutlass.const_expr(self.spec.paged):
-                    if n_block + 1 < n_last:
-                        decode_tma.locate(boxes, located, t.block_table, batch, n_block + 1,
-                                        seqlen_k)
+                    if it + 1 < count:
+                        decode_tma.locate(boxes, located, t.block_table, batch,
+                                          n_block + step, seqlen_k)
 
     @cute.jit
     def _zero_rows_past(self, thr_load, smem: cute.Tensor, n_block, seqlen_k):
