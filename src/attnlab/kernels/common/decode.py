@@ -11,12 +11,10 @@ kernel is built for bandwidth, not for tensor-core rate.
   (query tile, sequence x K/V head, split); each split walks its own range of K/V blocks and
   writes an fp32 partial output and LSE, which ``decode_combine.py`` merges. One split writes
   the output directly.
-* **Loads before the length** (a contiguous cache without a window): split ``s`` walks
-  blocks ``s, s + num_splits, ...`` instead of a range, so its first blocks do not depend on
-  the sequence's length; their copies (bounded by the cache's capacity) are issued while the
-  length is still on its way, and the rows they bring past it are zeroed in V (masked in S)
-  once it is known. A paged cache keeps the ranges and loads the length first: this way it
-  read 0.3-4 % slower (docs/decode.md).
+* **Loads before the length** (a contiguous cache, no window): split ``s`` walks blocks
+  ``s, s + num_splits, ...``, so its first blocks' copies (bounded by the capacity) go out
+  while the length is on its way; rows they bring past it are zeroed in V (masked in S). A
+  paged cache read 0.3-4 % slower so: it keeps ranges and loads the length first.
 * **Within a CTA** the four warps split each K/V block by keys (``keys_per_warp`` each),
   every warp running its own online softmax over its keys; at the end they merge through
   shared memory by their LSEs, the same merge as the splits'.
@@ -28,22 +26,18 @@ kernel is built for bandwidth, not for tensor-core rate.
 * **K/V by the TMA unit** (``DecodeSpec.tma_rows``, sm_90a): one thread of warp 0 issues each
   block as boxes of a block or of a page on the stage's transaction barrier, instead of
   every thread copying its rows (``decode_tma.py``).
-* **PDL** (programmatic dependent launch, sm_90): the kernel and the combine are launched
-  before the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``)
-  before reading anything, so a launch's latency hides under the previous kernel's tail; a
-  split decoding lets the combine launch once its CTAs are past their K/V walk.
-* **Cluster merge** (``DecodeSpec.cluster_splits``, sm_90a): the splits of a query tile are
-  the CTAs of one thread-block cluster. Each stages its rows (merged over its warps) in its
-  own shared memory; after the cluster barrier the cluster's threads deal out the tile's
-  (row, 4 columns) items, each reading its item from every peer (``ld.shared::cluster``) and
-  writing the merged output; a second barrier keeps each CTA's rows until all have read them.
-  No partials in global memory, no counter and no second kernel.
-* **Serial merge** (``DecodeSpec.serial_merge``): instead of the combine kernel, each split
-  counts in at its query tile's counter once its partial is written, and the split that
-  counts last merges the tile's partials and resets the counter (GEMM's serial split-K). One
-  launch per call instead of two: the second launch's host time and its device ramp go,
-  paid for by a merge at the end of the last split, which is short while a tile has few
-  splits.
+* **PDL** (programmatic dependent launch, sm_90): the kernel and the combine launch before
+  the stream's previous kernel has ended and wait for it (``griddepcontrol.wait``) before
+  reading anything; a split decoding lets the combine launch once past its K/V walk.
+* **Cluster merge** (``DecodeSpec.cluster_splits``, sm_90a): a query tile's splits are one
+  cluster's CTAs. Each stages its rows (merged over its warps) in shared memory; after the
+  cluster barrier the threads deal out the tile's (row, 4 columns) items, each merged from
+  every peer's (``ld.shared::cluster``) and written; a second barrier keeps the rows until
+  all have read them. No partials, no counter, no second kernel.
+* **Serial merge** (``DecodeSpec.serial_merge``): each split counts in at its query tile's
+  counter once its partial is written, and the last merges the tile's partials and resets
+  the counter (GEMM's serial split-K): one launch a call instead of two, paid for by a merge
+  at the last split's end, short while a tile has few splits.
 """
 
 import cuda.bindings.driver as cuda
@@ -99,16 +93,16 @@ class FlashDecode:
         ring_bytes = spec.kv_stages * self.block_n * self.head_dim * 2
         fits = DECODE_WARPS * TILE_ROWS * (self.head_dim + O_PAD) * 4 <= ring_bytes
         self.o_stride = self.head_dim + (O_PAD if fits else 0)
-        #: Programmatic dependent launch (sm_90): see ``PDL`` in the module docstring.
+        #: ``PDL`` (module docstring).
         self.pdl = spec.arch == "sm_90a"
-        #: The splits merge in the kernel: see ``Serial merge`` in the module docstring.
+        #: ``Serial merge`` (module docstring).
         self.serial = spec.split and spec.serial_merge
-        #: K/V by the TMA unit: see ``K/V by the TMA unit`` in the module docstring.
+        #: ``K/V by the TMA unit`` (module docstring).
         self.tma = spec.tma_rows > 0
-        #: See ``Loads before the length`` in the module docstring: not with a window, whose
-        #: first block is the length's, nor with the TMA's boxes, which are issued by it.
+        #: ``Loads before the length`` (module docstring); a window's first block and TMA
+        #: boxes depend on it.
         self.early = not spec.windowed and not self.tma and not spec.paged
-        #: The splits merge in a cluster: see ``Cluster merge`` in the module docstring.
+        #: ``Cluster merge`` (module docstring).
         self.cluster = spec.cluster_splits
         assert not self.cluster or (spec.arch == "sm_90a" and not spec.split
                                     and not self.tma), "a cluster merge needs sm_90a, no " \
@@ -142,7 +136,6 @@ class FlashDecode:
             "sLSE": cute.struct.MemRange[cutlass.Float32, DECODE_WARPS * TILE_ROWS],
             "arrival": cute.struct.MemRange[cutlass.Int32, 1]}
         if cutlass.const_expr(self.early):
-            # Each thread's copy of its sequence's length (``Loads before the length``).
             fields["lengths"] = cute.struct.MemRange[cutlass.Int32, THREADS]
         if cutlass.const_expr(self.cluster):
             # This CTA's rows (merged over its warps) for the peers; O goes in the V ring.
@@ -166,9 +159,8 @@ class FlashDecode:
                     SharedStorage, group, pages, kv_tma).launch(
             grid=[cute.ceil_div(rows, TILE_ROWS), q.shape[0] * k_cache.shape[2], num_splits],
             block=[THREADS, 1, 1], cluster=[1, 1, self.cluster] if self.cluster else None,
-            # Without it ptxas held the kernel to 168 registers and spilled once the staged
-            # rows were padded (207 with it, no spill); at 128 threads a CTA even at 255
-            # registers leaves room for a second where shared memory does (hd <= 64).
+            # Else ptxas held 168 registers and spilled with the staged rows padded (now ~207,
+            # no spill); a second 128-thread CTA fits even at 255 where shared memory does.
             stream=stream, use_pdl=self.pdl, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -201,10 +193,8 @@ class FlashDecode:
             cache_row = t.cache_batch_idx[batch]
         where = (batch, cache_row, head_kv, group, pages)
         if cutlass.const_expr(self.early):
-            # The length comes by cp.async too (each thread its own copy, in the group of
-            # Q's rows): read after its group's wait, its first use cannot be scheduled among
-            # the block copies (from a plain load ptxas put it there, as if the length were
-            # back already, and the copies after it waited for the DRAM).
+            # The length by cp.async (each thread its own, in Q's group): from a plain load
+            # ptxas put its first use among the copies below, which then waited for the DRAM.
             length = storage.lengths.get_tensor(cute.make_layout(THREADS))
             cute.copy(length_atom, cute.local_tile(t.cache_seqlens, (1,), (batch,)),
                       cute.local_tile(length, (1,), (tidx,)))
@@ -217,13 +207,9 @@ class FlashDecode:
                        cute.make_rmem_tensor((rows_per_thread,), cutlass.Int32))
         if cutlass.const_expr(self.early):
             cute.arch.cp_async_commit_group()
-            # Blocks split, split + num_splits, ...: copies as far as the cache reaches.
-            for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                self._locate(located, thr_load, t, split + i * t.num_splits,
-                             t.k_cache.shape[1], where)
-                self._load_block(located, thr_load, gmem_load, t, sK, sV,
-                                 split + i * t.num_splits, i, t.k_cache.shape[1], where)
-                cute.arch.cp_async_commit_group()
+            # Blocks split, split + num_splits, ... (to the capacity).
+            self._first_blocks(located, thr_load, gmem_load, t, sK, sV,
+                               (split, t.num_splits, None), t.k_cache.shape[1], where)
             cute.arch.cp_async_wait_group(spec.kv_stages - 1)
             seqlen_k = length[tidx]
         else:
@@ -239,24 +225,21 @@ class FlashDecode:
             key_hi = cutlass.min(last_q + seqlen_k - seqlen_q + t.window_right + 1, seqlen_k)
         n_lo = key_lo // B_n
         n_hi = cutlass.max(cute.ceil_div(cutlass.max(key_hi, 0), B_n), n_lo)
-        # This split's blocks: first, first + step, ..., count of them.
+        # This split's blocks: first, first + step, ... (count).
         if cutlass.const_expr(self.early):
             first, step = split, t.num_splits
             count = cute.ceil_div(cutlass.max(n_hi - first, 0), step)
+            for i in cutlass.range_constexpr(spec.kv_stages - 1):
+                copied = first + i * step
+                if copied * B_n < seqlen_k and (copied + 1) * B_n > seqlen_k:
+                    # The last block, copied before the length: this thread's V rows past
+                    # the end zeroed once landed (published by the loop's first barrier).
+                    cute.arch.cp_async_wait_group(spec.kv_stages - 2 - i)
+                    self._zero_rows_past(thr_load, sV[None, None, i], copied, seqlen_k)
         else:
             per_split = cute.ceil_div(n_hi - n_lo, t.num_splits)
             first, step = cutlass.min(n_lo + split * per_split, n_hi), 1
             count = cutlass.min(first + per_split, n_hi) - first
-        walk = (first, step, count)
-        if cutlass.const_expr(self.early):
-            for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                copied = first + i * step
-                if copied * B_n < seqlen_k and (copied + 1) * B_n > seqlen_k:
-                    # The block where the sequence ends, copied before its length was
-                    # known: once this thread's rows have landed, those past the end are
-                    # zeroed in V (the loop's first barrier publishes them).
-                    cute.arch.cp_async_wait_group(spec.kv_stages - 2 - i)
-                    self._zero_rows_past(thr_load, sV[None, None, i], copied, seqlen_k)
         boxes = None
         if cutlass.const_expr(self.tma):
             issuer = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -271,17 +254,13 @@ class FlashDecode:
             located = (cute.make_rmem_tensor((B_n // spec.tma_rows,), cutlass.Int32)
                        if cutlass.const_expr(spec.paged) else None)
             for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                self._issue_boxes(boxes, located, t, issuer, walk, i, i,
+                self._issue_boxes(boxes, located, t, issuer, first + i, i, first + count,
                                   (batch, head_kv, cache_row), seqlen_k, i == 0)
             cute.arch.cp_async_commit_group()
         else:
             if cutlass.const_expr(not self.early):
-                for i in cutlass.range_constexpr(spec.kv_stages - 1):
-                    if i < count:
-                        self._locate(located, thr_load, t, first + i * step, seqlen_k, where)
-                        self._load_block(located, thr_load, gmem_load, t, sK, sV,
-                                         first + i * step, i, seqlen_k, where)
-                    cute.arch.cp_async_commit_group()
+                self._first_blocks(located, thr_load, gmem_load, t, sK, sV,
+                                   (first, step, count), seqlen_k, where)
             if spec.kv_stages - 1 < count:
                 self._locate(located, thr_load, t, first + (spec.kv_stages - 1) * step,
                              seqlen_k, where)
@@ -321,8 +300,8 @@ class FlashDecode:
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.sync_threads()
                 # Every warp is past the block before: its stage takes the next one in.
-                self._issue_boxes(boxes, located, t, warp_idx, walk, it + spec.kv_stages - 1,
-                                  (it + spec.kv_stages - 1) % spec.kv_stages,
+                self._issue_boxes(boxes, located, t, warp_idx, n_block + spec.kv_stages - 1,
+                                  (it + spec.kv_stages - 1) % spec.kv_stages, first + count,
                                   (batch, head_kv, cache_row), seqlen_k, False)
                 decode_tma.wait(boxes, it, stage, spec.kv_stages)
                 if (n_block + 1) * B_n > seqlen_k:
@@ -413,6 +392,20 @@ class FlashDecode:
                     page[m] = t.block_table[batch, index]
 
     @cute.jit
+    def _first_blocks(self, located: tuple, thr_load, gmem_load: cute.TiledCopy,
+                      t: DecodeArgs, sK: cute.Tensor, sV: cute.Tensor, walk: tuple, seqlen_k,
+                      where: tuple):
+        """The ``walk``'s (first block, step, count or None) first ``kv_stages - 1`` blocks
+        into the ring, a commit group each."""
+        first, step, count = walk
+        for i in cutlass.range_constexpr(self.spec.kv_stages - 1):
+            if cutlass.const_expr(count is None) or i < count:
+                self._locate(located, thr_load, t, first + i * step, seqlen_k, where)
+                self._load_block(located, thr_load, gmem_load, t, sK, sV, first + i * step,
+                                 i, seqlen_k, where)
+            cute.arch.cp_async_commit_group()
+
+    @cute.jit
     def _load_block(self, located: tuple, thr_load, gmem_load: cute.TiledCopy,
                     t: DecodeArgs, sK: cute.Tensor, sV: cute.Tensor, n_block, stage, seqlen_k,
                     where: tuple):
@@ -440,24 +433,21 @@ class FlashDecode:
                     dst[None, m, None].fill(0)
 
     @cute.jit
-    def _issue_boxes(self, boxes: BoxLoads, located, t: DecodeArgs, warp_idx, walk: tuple,
-                     it, stage, where: tuple, seqlen_k, first: cutlass.Constexpr):
-        """Warp 0 issues the ``walk``'s block ``it`` (``(first block, step, count)``; if in
-        it) into ``stage`` and, paged, looks up the next one's pages (a contiguous cache's
-        boxes need no lookup); ``located`` holds block ``it``'s pages already, but for the
-        walk's ``first`` block."""
+    def _issue_boxes(self, boxes: BoxLoads, located, t: DecodeArgs, warp_idx, n_block, stage,
+                     n_last, where: tuple, seqlen_k, first: cutlass.Constexpr):
+        """Warp 0 issues block ``n_block`` (if in the walk) into ``stage`` and, paged, looks
+        up the next block's pages (a contiguous cache's boxes need no lookup); ``located``
+        holds ``n_block``'s pages already, but for the walk's ``first`` block."""
         batch, head_kv, cache_row = where
-        start, step, count = walk
-        n_block = start + it * step
         if warp_idx == 0:
-            if it < count:
+            if n_block < n_last:
                 if cutlass.const_expr(self.spec.paged and first):
                     decode_tma.locate(boxes, located, t.block_table, batch, n_block, seqlen_k)
                 decode_tma.issue(boxes, located, n_block, stage, head_kv, cache_row, seqlen_k)
                 if cutlass.const_expr(self.spec.paged):
-                    if it + 1 < count:
-                        decode_tma.locate(boxes, located, t.block_table, batch,
-                                          n_block + step, seqlen_k)
+                    if n_block + 1 < n_last:
+                        decode_tma.locate(boxes, located, t.block_table, batch, n_block + 1,
+                                        seqlen_k)
 
     @cute.jit
     def _zero_rows_past(self, thr_load, smem: cute.Tensor, n_block, seqlen_k):

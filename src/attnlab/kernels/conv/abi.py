@@ -13,8 +13,8 @@ from attnlab.kernels.gemm.abi import GEMM_ALIGN_BYTES, GemmSpec, fake_gemm_args
 
 
 def output_size(size, kernel: int, stride: int, padding: int):
-    """Output rows (or columns) of a convolution along one image axis (ints on the host,
-    the DSL's integers in a kernel)."""
+    """Output rows (or columns) of a convolution along one image axis (host ints or the
+    DSL's integers)."""
     return (size + 2 * padding - kernel) // stride + 1
 
 
@@ -22,8 +22,8 @@ def output_size(size, kernel: int, stride: int, padding: int):
 MAX_GROUP_WIDTH = 64
 #: Threads of a GroupNorm CTA (a chunk holds at least one pixel per thread).
 GROUPNORM_THREADS = 128
-#: The GroupNorm kernels' two stages: per-chunk statistics, then the merged statistics
-#: applied with SiLU.
+#: The GroupNorm kernels' two stages: per-chunk statistics, then the merged ones applied
+#: with SiLU.
 GROUPNORM_STAGES = ("stats", "apply")
 
 
