@@ -452,7 +452,7 @@ class FlashDecode:
     @cute.jit
     def _zero_rows_past(self, thr_load, smem: cute.Tensor, n_block, seqlen_k):
         """Zeros in this thread's rows of block ``n_block``'s tile ``smem`` past the sequence
-        (what a TMA box brought there is masked in S, but 0 x NaN in P V would not be)."""
+        (what a box or an early copy brought is masked in S, but 0 x NaN in P V is NaN)."""
         coord = thr_load.partition_S(cute.make_identity_tensor((self.block_n, self.head_dim)))
         dst = thr_load.partition_D(smem)
         for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
