@@ -118,7 +118,6 @@ def test_kernels_cross_compile_without_spills(arch, head_dim, knobs, tmp_path):
     assert not res.spills and res.registers <= 255, res
 
 
-
 @pytest.mark.parametrize("knobs", [{"split": True}, {"batch_idx": True},
                                    {"paged": True, "split": True}, {"windowed": True}])
 def test_first_blocks_are_copied_before_the_length_is_back(knobs, tmp_path):
