@@ -9,28 +9,25 @@ start and end."""
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
+from cutlass.cute.nvgpu import cpasync
 
 THREADS = 256
 #: 16-byte copies a thread issues a round (32 KiB a CTA) ...
 UNROLL = 8
 #: ... and rounds in flight.
 STAGES = 4
-ROUND_BYTES = THREADS * UNROLL * 16
+#: 32-bit words a 16-byte copy moves, and a round.
+VEC = 4
+ROUND_WORDS = THREADS * UNROLL * VEC
+ROUND_BYTES = ROUND_WORDS * 4
 
 
-def _copy16(shared_address, global_address) -> None:
-    """``cp.async`` of 16 bytes into shared memory, through L2 only."""
-    llvm.inline_asm(None, [cutlass.Int32(shared_address).ir_value(),
-                           cutlass.Int64(global_address).ir_value()],
-                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", has_side_effects=True)
-
-
-def _now() -> cutlass.Int64:
-    """The GPU's global nanosecond timer."""
-    return cutlass.Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
-                                         has_side_effects=True))
+def _vector(tensor: cute.Tensor, offset) -> cute.Tensor:
+    """``VEC`` words of ``tensor`` from word ``offset`` (a multiple of ``VEC``): 16 bytes on
+    a 16-byte boundary, which the copy atom needs to see."""
+    address = (tensor.iterator + offset).toint()
+    return cute.make_tensor(cute.make_ptr(cutlass.Int32, address, tensor.memspace,
+                                          assumed_align=16), cute.make_layout(VEC))
 
 
 class StreamRead:
@@ -53,18 +50,20 @@ class StreamRead:
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         if tidx == 0:
-            stamps[2 * bidx] = _now()
-        chunks = buf.shape[0] * 4 // self.chunk_bytes
-        start, rounds = buf.iterator.toint(), self.chunk_bytes // ROUND_BYTES
+            stamps[2 * bidx] = cute.arch.globaltimer()
+        words, rounds = self.chunk_bytes // 4, self.chunk_bytes // ROUND_BYTES
+        chunks = buf.shape[0] // words
 
         @cute.struct
         class Shared:
             next: cute.struct.MemRange[cutlass.Int32, 1]
             rounds: cute.struct.Align[cute.struct.MemRange[cutlass.Int32,
-                                                           STAGES * ROUND_BYTES // 4], 128]
+                                                           STAGES * ROUND_WORDS], 128]
 
         shared = cutlass.memory.SmemAllocator().allocate(Shared)
-        landing = shared.rounds.data_ptr().toint()
+        landing = shared.rounds.get_tensor(cute.make_layout(STAGES * ROUND_WORDS))
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                   cutlass.Int32, num_bits_per_copy=VEC * 32)
         if cutlass.const_expr(self.dynamic):
             slot = shared.next.get_tensor(cute.make_layout(1))
             chunk, done = cutlass.Int32(bidx), cutlass.Int32(0)
@@ -73,8 +72,8 @@ class StreamRead:
                 if tidx == 0:
                     ticket = cute.arch.atomic_add(counter.iterator, cutlass.Int32(1),
                                                   sem="relaxed", scope="gpu")
-                self._read(start + cutlass.Int64(chunk) * self.chunk_bytes, rounds, landing,
-                           tidx, done)
+                self._read(atom, buf, cutlass.Int64(chunk) * words, rounds, landing, tidx,
+                           done)
                 done += rounds
                 if tidx == 0:
                     slot[0] = ticket - base + grid
@@ -83,23 +82,24 @@ class StreamRead:
                 cute.arch.sync_threads()
         else:
             per_cta = chunks // grid
-            self._read(start + cutlass.Int64(bidx * per_cta) * self.chunk_bytes,
-                       rounds * per_cta, landing, tidx, 0)
+            self._read(atom, buf, cutlass.Int64(bidx * per_cta) * words, rounds * per_cta,
+                       landing, tidx, 0)
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
         if tidx == 0:
-            stamps[2 * bidx + 1] = _now()
-        sink[bidx * THREADS + tidx] = shared.rounds.get_tensor(cute.make_layout(THREADS))[tidx]
+            stamps[2 * bidx + 1] = cute.arch.globaltimer()
+        sink[bidx * THREADS + tidx] = landing[tidx]
 
     @cute.jit
-    def _read(self, address: cutlass.Int64, rounds, landing, tidx, done) -> None:
+    def _read(self, atom: cute.CopyAtom, buf: cute.Tensor, first: cutlass.Int64, rounds,
+              landing: cute.Tensor, tidx, done) -> None:
         # A round lands in the slot of the round STAGES before it, which the wait saw land
         # (two copies in flight to one slot read a third less from L2 on an H200).
         for r in cutlass.range(rounds, unroll=1):
             for j in cutlass.range_constexpr(UNROLL):
-                offset = (j * THREADS + tidx) * 16
-                _copy16(landing + ((done + r) % STAGES) * ROUND_BYTES + offset,
-                        address + r * ROUND_BYTES + offset)
+                offset = (j * THREADS + tidx) * VEC
+                cute.copy(atom, _vector(buf, first + r * ROUND_WORDS + offset),
+                          _vector(landing, (done + r) % STAGES * ROUND_WORDS + offset))
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(STAGES - 1)
 
