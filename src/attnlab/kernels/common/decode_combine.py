@@ -10,8 +10,8 @@ A CTA merges one row: ``groups = THREADS / (head_dim / 4)`` thread groups each m
 of the splits in one pass (``merge_splits``: a batch of splits loaded, then summed against
 the largest LSE so far), and the groups' sums meet in shared memory, rescaled to the largest
 group maximum. With up to ``SPLITS_BATCH`` splits a thread (64 splits at hd128) the merge
-waits out two rounds of memory latency (the LSEs, then the vectors ptxas issues after their
-maximum). The first version found the largest LSE first (a round of LSE loads and a CTA
+waits out one round of memory latency: every LSE and vector of the batch is loaded before
+the maximum. The first version found the largest LSE first (a round of LSE loads and a CTA
 barrier), then summed in a loop that checked its bound after every split: one round a split;
 before that a thread walked every split of its columns (docs/decode.md).
 """
@@ -104,8 +104,11 @@ class DecodeCombine:
             "top": cute.struct.MemRange[cutlass.Float32, self.groups],
             "total": cute.struct.MemRange[cutlass.Float32, self.groups],
             "acc": cute.struct.MemRange[cutlass.Float32, THREADS * VEC]})
+        # One CTA an SM: told nothing, ptxas held 46 registers and issued 6 of a batch's 8
+        # vectors after the maximum, a second round of latency (a call has a CTA per row).
         self.kernel(t, SharedStorage).launch(grid=[rows, 1, 1], block=[THREADS, 1, 1],
-                                             stream=stream, use_pdl=self.pdl)
+                                             stream=stream, use_pdl=self.pdl,
+                                             min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, t: CombineArgs, SharedStorage: cutlass.Constexpr):
