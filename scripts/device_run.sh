@@ -36,6 +36,9 @@
 #            ARGS go to it, e.g. --seqlen 2048,16384 --runs 20), then under the power cap at
 #            plain 16k (scripts/power_probe.py --candidates), hd128 and hd64 or the head dims
 #            of CLUSTER_POWER (e.g. "128 256")
+#   splittail [ARGS]  the last waves dealt out as runs of K/V blocks (split_tail): its GPU tests
+#            and the clusters' (nothing more runs unless they pass), then against the default
+#            at hd128/256 plain 2k-16k, bf16 and fp16 (scripts/sm90_candidates.py; ARGS go to it)
 #   clusterprof  ncu of one launch each at plain 16k (hd128, then hd64): the default's walk
 #            with one CTA a row block and in clusters of two (cluster_m), FA4 beside: kernel
 #            time, L2 sectors the SMs asked for, what the L2 request coalescer looked up and
@@ -236,6 +239,15 @@ PY
         --seconds 1.5 --out "$OUT/cluster-power-$hd" 2>&1 | grep -v "Warning\|exe_args\|^ " \
         | tee -a "$log"
     done
+    ;;
+  splittail)
+    # A kernel that hangs in its tests would hang the timings too: those run only on a pass.
+    timeout -k 10 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_features_gpu.py \
+      -k "split_tail or cluster_multicast" 2>&1 | tee -a "$log" | tail -3 || exit 1
+    python3 scripts/sm90_candidates.py --head-dims 128,256 --masks plain \
+      --seqlen 2048,4096,8192,16384 --tokens 16384 --dtypes bfloat16,float16 \
+      --variants split_tail --runs 15 --out "$OUT/splittail" "${@:2}" 2>&1 | grep -v Warning \
+      | tee -a "$log"
     ;;
   clusterprof)
     cat > "$OUT/cluster_target.py" <<'PY'

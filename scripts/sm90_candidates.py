@@ -184,8 +184,12 @@ for _head_dim in VARIANTS:
         dense_masked_dynamic={**SM90A_WGMMA_KNOBS[_head_dim, True], **_DYNAMIC},
         dense_masked_dynamic_lpt={**SM90A_WGMMA_KNOBS[_head_dim, True], **_DYNAMIC,
                                   **_GLOBAL_LPT})
+#: The last full wave and the partial one dealt out as runs of K/V blocks (``split_tail``,
+#: sixtieth session): the unmasked persistent static walks.
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim]["split_tail"] = {"split_tail": True}
 #: Variants only an unmasked walk can take: never timed on masked points.
-PLAIN_ONLY = {"cluster", "no_cluster"}
+PLAIN_ONLY = {"cluster", "no_cluster", "split_tail"}
 
 #: Variants about the masked grids and tiles: timed on unmasked points only when named.
 MASKED_ONLY = {"dense_masked_dynamic", "dense_masked_dynamic_lpt", "short_masked_tile",

@@ -187,7 +187,7 @@ class Recorder:
                 out: torch.Tensor, lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
                 cu_seqlens_k: torch.Tensor | None, softmax_scale: float, left: int,
                 right: int, max_seqlen_q: int, num_ctas: int | None,
-                tile_counter: torch.Tensor | None) -> None:
+                tile_counter: torch.Tensor | None, scratch: torch.Tensor | None) -> None:
         # The ABI's window back in flash_attn's convention (-1: unbounded).
         window = tuple(-1 if side == UNBOUNDED_SIDE else side for side in (left, right))
         self.launches.append(

@@ -203,14 +203,15 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     the hd64 default until the epilogue's addresses moved after the loop); the row sums
     started from the corrected old sums (the hd64 default) only move O's rescale from after
     the last exponential to under them; a second Q buffer (the hd128 default) only two more
-    barriers."""
+    barriers; the split tail (the hd128 default from 8k) no MMA, an acquire load more."""
     rows = ladder.named_for("sm_90a", 64, "sm90")
     assert list(rows) == ["wgmma", *ladder.WGMMA_STEPS]
     assert not set(ladder.WGMMA_STEPS) & set(ladder.FAMILIES["seeds"])
     # ``attnlab ladder`` labels every row it measures by its step's name.
     assert set(ladder.NAMED) <= set(ladder.STEP_NAMES)
     assert ladder.named_for("sm_80", 64, "sm90") == {}
-    assert rows["wg_q2"] == policy.default_for("sm_90a", 128)
+    assert rows["wg_q2"] == policy.default_for("sm_90a", 128, seqlen=4096)
+    assert rows["wg_split_tail"] == policy.default_for("sm_90a", 128)
     assert rows["wg_cluster"] == policy.paired_row_blocks(rows["wg_free"], 128, 4096)
     assert rows["wg_persistent"].replace(correction_first=True, q_stages=2) == \
         policy.default_for("sm_90a", 128, windowed=True)
@@ -239,6 +240,8 @@ def test_hopper_ladder_steps_change_one_thing_each(artifact_dir):
     assert ops["wg_q2"]["SYNCS"] == ops["wg_free"]["SYNCS"] + 2
     for op in ("HGMMA", "MUFU", "BAR"):
         assert ops["wg_q2"][op] == ops["wg_free"][op], op
+    assert ops["wg_split_tail"]["HGMMA"] == ops["wg_q2"]["HGMMA"]
+    assert ops["wg_split_tail"]["LDG"] > ops["wg_q2"]["LDG"]
     assert ops["wg_rescale_first"]["HGMMA"] == 3 * gemms
     assert ops["wg_rescale_first"]["BAR"] == ops["wg_free"]["BAR"]
     assert ops["wg_tall_rescale_first"]["HGMMA"] == ops["wg_tall"]["HGMMA"]
@@ -373,7 +376,8 @@ def test_wgmma_varlen_loads_by_tma_and_stores_rows(head_dim, artifact_dir):
     write the next sequence's); the MMAs are the dense kernel's; no spill. The packed default
     is the dense one's walk with its tiles drawn from the counter."""
     cfg = policy.default_for("sm_90a", head_dim, varlen=True)
-    assert cfg == policy.default_for("sm_90a", head_dim).replace(dynamic_tiles=True)
+    assert cfg == policy.default_for("sm_90a", head_dim).replace(dynamic_tiles=True,
+                                                                 split_tail=False)
 
     def ops(varlen):
         art = compile_config(cfg, "sm_90a", head_dim=head_dim, varlen=varlen,
@@ -395,7 +399,7 @@ def test_wgmma_varlen_loads_by_tma_and_stores_rows(head_dim, artifact_dir):
 def test_dynamic_tiles_draw_from_the_counter(windowed, artifact_dir):
     """``dynamic_tiles``: the persistent kernel with two atomics (the producer's draw and its
     CTA's count-out) and the counter's reset, the MMAs of the static walk, no spill."""
-    cfg = policy.default_for("sm_90a", 128, windowed)
+    cfg = policy.default_for("sm_90a", 128, windowed, seqlen=4096)
     assert cfg.persistent
 
     def ops(config):
@@ -432,6 +436,15 @@ def test_q_stages_ring_q_beside_the_same_loop(head_dim, windowed, seqlen, artifa
         assert two[opcode] == one[opcode], opcode
 
 
+def spill_free_sass(config: FlashConfig, head_dim: int, out_dir, **problem) -> tuple:
+    """The sm_90a build of ``config``: its SASS text and opcode histogram (asserting that
+    nothing spills)."""
+    art = compile_config(config, "sm_90a", head_dim=head_dim, out_dir=out_dir, **problem)
+    sass_text = disassemble(art.cubin)
+    assert not read_resources(art.cubin, sass_text).spills
+    return sass_text, histogram(parse(sass_text))
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_cluster_multicasts_kv_and_waits_for_the_other_cta(head_dim, artifact_dir):
     """``cluster_m=2`` on the unmasked default: the K and V loads multicast (each CTA issues
@@ -439,14 +452,8 @@ def test_cluster_multicasts_kv_and_waits_for_the_other_cta(head_dim, artifact_di
     cluster barrier; the consumers' releases reach the other CTA's barriers; the MMAs and
     exponentials of the default, no spill. Masks and packed sequences are refused."""
     cfg = policy.default_for("sm_90a", head_dim, False)
-
-    def build(config):
-        art = compile_config(config, "sm_90a", head_dim=head_dim, out_dir=artifact_dir)
-        sass_text = disassemble(art.cubin)
-        assert not read_resources(art.cubin, sass_text).spills
-        return sass_text, histogram(parse(sass_text))
-
-    (alone, ops), (paired, cluster_ops) = build(cfg), build(cfg.replace(cluster_m=2))
+    (alone, ops), (paired, cluster_ops) = (spill_free_sass(config, head_dim, artifact_dir)
+                                           for config in (cfg, cfg.replace(cluster_m=2)))
     tma_loads = ops["UTMALDG"]
     assert "MULTICAST" not in alone and "UCGABAR" not in alone
     assert cluster_ops["UTMALDG"] == tma_loads
@@ -461,6 +468,27 @@ def test_cluster_multicasts_kv_and_waits_for_the_other_cta(head_dim, artifact_di
         with pytest.raises(ConfigError, match="cluster_m"):
             compile_config(cfg.replace(cluster_m=2), "sm_90a", head_dim=head_dim,
                            windowed=windowed, varlen=varlen, out_dir=artifact_dir)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_split_tail_adds_only_the_pieces_epilogues(head_dim, artifact_dir):
+    """``split_tail`` on the unmasked default: the MMAs and loads unchanged, no spill, a few
+    exponentials more (the merge's); the finisher's wait is an acquire load
+    (``LDG.E.STRONG.GPU``), the donor's flag a release after a GPU-wide fence. Under a mask or
+    on packed sequences it has no effect (the same SASS)."""
+    cfg = policy.default_for("sm_90a", head_dim, False)
+    (plain, ops), (split, split_ops) = (spill_free_sass(cfg.replace(split_tail=on), head_dim,
+                                                        artifact_dir) for on in (False, True))
+    for opcode in ("HGMMA", "UTMALDG", "UTMASTG"):
+        assert split_ops[opcode] == ops[opcode], opcode
+    assert 0 < split_ops["MUFU"] - ops["MUFU"] <= 16
+    assert "LDG.E.STRONG.GPU" not in plain and "LDG.E.STRONG.GPU" in split
+    assert "MEMBAR.ALL.GPU" not in plain and "MEMBAR.ALL.GPU" in split
+    for windowed, varlen in ((True, False), (False, True)):
+        builds = [[(ins.predicate, ins.opcode, ins.operands) for ins in parse(spill_free_sass(
+            cfg.replace(split_tail=on), head_dim, artifact_dir, windowed=windowed,
+            varlen=varlen)[0])] for on in (False, True)]
+        assert builds[0] == builds[1]
 
 
 def spills_between_mmas(instructions) -> list:

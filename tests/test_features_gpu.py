@@ -755,13 +755,40 @@ def test_wgmma_cluster_multicast(head_dim, dtype):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90a")
     config = policy.default_for("sm_90a", head_dim, False).replace(cluster_m=2)
-    shapes = ((2, 1000, 1000, 8, 2), (2, 800, 777, 4, 4), (3, 200, 1500, 16, 1),
-              (1, 64, 64, 1, 1), (4, 1000, 333, 16, 16))
-    for i, (batch, seqlen_q, seqlen_k, heads, heads_kv) in enumerate(shapes):
-        q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
-                               DTYPES[dtype], seed=31 * head_dim + i)
+    check_dense_shapes(config, ((2, 1000, 1000, 8, 2), (2, 800, 777, 4, 4),
+                                (3, 200, 1500, 16, 1), (1, 64, 64, 1, 1),
+                                (4, 1000, 333, 16, 16)), head_dim, DTYPES[dtype], 31 * head_dim)
+
+
+def check_dense_shapes(config, shapes, head_dim: int, dtype, seed: int) -> None:
+    """Unmasked ``config`` at each ``(batch, seqlen_q, seqlen_k, heads, heads_kv)``, and the
+    last shape again (a second call on the same launch)."""
+    for i, shape in enumerate(shapes):
+        q, k, v = dense_inputs(*shape, head_dim, dtype, seed=seed + i)
         check_dense(q, k, v, window=(-1, -1), config=config)
     check_dense(q, k, v, window=(-1, -1), config=config)
+
+
+@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_wgmma_split_tail(head_dim, dtype, cluster):
+    """``split_tail``: the last waves dealt out as runs of K/V blocks, a tile split between
+    two CTAs merged through scratch. Tiles over one wave (all split), over a few whole waves
+    with a K/V tail block in a piece, fewer tiles than CTAs and a whole number of waves (not
+    split), odd row blocks in clusters; GQA and MQA; a second call (the flags must be down
+    again) and the flags left zero."""
+    from attnlab.counters import tile_counters
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    config = policy.default_for("sm_90a", head_dim, False).replace(split_tail=True,
+                                                                  cluster_m=cluster)
+    check_dense_shapes(config, ((2, 1000, 1000, 16, 4), (1, 3000, 777, 24, 8),
+                                (4, 1000, 333, 16, 16), (3, 200, 1500, 16, 1),
+                                (1, 4224, 500, 8, 8)), head_dim, DTYPES[dtype], 7 * head_dim)
+    torch.cuda.synchronize()
+    assert not tile_counters(torch.device("cuda"), 1024).any()
 
 
 def test_static_strides_compile_per_stride_set():

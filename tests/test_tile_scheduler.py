@@ -182,3 +182,40 @@ def test_the_narrow_section_first_leaves_no_tail():
         scheduler = TileScheduler(blocks, 1, pairs, persistent=False, windowed=True,
                                   lpt=True, section=section, first_is_longest=True)
         assert dispatch_makespan(scheduler, 132, lambda n, b=blocks: 2 * (b - n)) < 1.02
+
+
+@given(tiles=st.integers(1, 700), ctas=st.integers(1, 140), blocks=st.integers(1, 40))
+def test_split_tail_deals_every_block_once_in_pieces_of_two_ctas(tiles, ctas, blocks):
+    """``split_tail``: the whole waves and the tail's runs cover every K/V block of every
+    tile once; a tile split between two CTAs is the end of one run (``FINISHER``, its
+    earlier blocks) and the start of the next CTA's (``DONOR``); the runs differ by at most
+    a block; no split without a partial wave or with fewer tiles than CTAs (the snake)."""
+    covered, runs = {}, []
+    for cta in range(ctas):
+        share = tile_order.tail_share(cta, ctas, tiles, blocks)
+        for wave in range(share.waves):
+            tile = snake_tile(cta, ctas, wave)
+            if tile < tiles:
+                covered.setdefault(tile, []).append((0, blocks, tile_order.WHOLE, cta))
+        position, pieces = share.first, tile_order.tail_pieces(share, blocks)
+        for _ in range(pieces):
+            tile, first, last, role = tile_order.tail_piece(position, share.last, blocks)
+            covered.setdefault(share.waves * ctas + tile, []).append((first, last, role, cta))
+            position += last - first
+        assert position == share.last
+        runs.append(share.last - share.first)
+    assert sorted(covered) == list(range(tiles))
+    for pieces in covered.values():
+        pieces.sort()
+        assert [p[:2] for p in pieces] in ([(0, blocks)], [(0, pieces[0][1]),
+                                                           (pieces[0][1], blocks)])
+        if len(pieces) == 2:
+            (_, _, finisher, cta), (_, _, donor, next_cta) = pieces
+            assert (finisher, donor, next_cta) == (tile_order.FINISHER, tile_order.DONOR,
+                                                    cta + 1)
+        else:
+            assert pieces[0][2] == tile_order.WHOLE
+    split = tiles % ctas and tiles >= ctas
+    assert (max(runs) > 0) == bool(split)
+    if split:
+        assert max(runs) - min(runs) <= 1 and min(runs) >= blocks

@@ -54,14 +54,15 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
         default = policy.default_for("sm_90a", head_dim, windowed)
         assert default.replace(lpt=False, l2_section_mb=40, persistent=False,
                                dynamic_tiles=False, q_stages=1, lazy_rescale=False,
-                               correction_first=False) in wgmma
+                               correction_first=False, split_tail=False) in wgmma
     tall = policy.default_for("sm_90a", 64)
     around = knob_neighbours(tall, "sm_90a", 64)
     # Three ring depths, each schedule, three grids; and the tile with lazy rescaling, with
-    # the row sums in the other order, with the other count of Q buffers and waiting for a
-    # stage by a try first.
+    # the row sums in the other order, with the other count of Q buffers, waiting for a
+    # stage by a try first and with the other tail.
     assert tall.replace(q_stages=3 - tall.q_stages) in around
-    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 4
+    assert tall.replace(split_tail=not tall.split_tail) in around
+    assert tall in around and len(around) == len(set(around)) == 3 * len(WGMMA_SCHEDULES) * 3 + 5
     assert [c for c in around if c.lazy_rescale] == [tall.replace(lazy_rescale=True)]
     assert [c for c in around if c.try_wait_first] == [tall.replace(try_wait_first=True)]
     assert [c for c in around if c.intra_wg_overlap
@@ -77,7 +78,8 @@ def test_search_space_on_sm90a_holds_every_wgmma_default():
     wide = [c for c in knob_neighbours(hd192, "sm_90a", 192)
             if c.lazy_rescale == hd192.lazy_rescale
             and c.correction_first == hd192.correction_first
-            and c.try_wait_first == hd192.try_wait_first]
+            and c.try_wait_first == hd192.try_wait_first
+            and c.split_tail == hd192.split_tail]
     assert {c.fence_p for c in wide} == {False, True}
     # Its lazy rescaling needs the overlap: the schedules without one rescale every block.
     plain_walks = [c for c in knob_neighbours(hd192, "sm_90a", 192) if not c.intra_wg_overlap]
@@ -202,18 +204,19 @@ def test_dispatch_uses_the_tuned_entry_then_falls_back(fake_h200):
     device = H200
     # 4096 and 8192 queries make even counts of row blocks: paired (``paired_row_blocks``).
     paired = {"cluster_m": 2}
-    assert dispatch.config_for(device, problem(4096)) == policy.default_for("sm_90a").replace(
-        **paired)
+    assert dispatch.config_for(device, problem(4096)) == policy.default_for(
+        "sm_90a", seqlen=4096).replace(**paired)
     tuned = ladder.k06.replace(block_m=128, block_n=128, num_warps=8)
     fake_h200.put(KEY, tuned)
     fake_h200.save()
     dispatch.reload_tune_cache()
     assert dispatch.config_for(device, problem(4096)) == tuned
     assert dispatch.config_for(device, problem(3000)) == tuned  # same bucket
-    fallback = policy.default_for("sm_90a").replace(**paired)
+    fallback = policy.default_for("sm_90a", seqlen=8192).replace(**paired)
     assert dispatch.config_for(device, problem(8192)) == fallback  # no entry
     assert (dispatch.config_for(device, problem(4096, torch.float16))
-            == policy.default_for("sm_90a", dtype="float16").replace(**paired))  # key's dtype
+            == policy.default_for("sm_90a", dtype="float16", seqlen=4096).replace(
+                **paired))  # key's dtype
 
 
 def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
@@ -223,7 +226,7 @@ def test_varlen_dispatch_never_picks_the_mma_sync_tma_ring(fake_h200):
     entry stands, without the clusters of a dense walk and on the counter."""
     device = H200
     packed = dataclasses.replace(problem(4096), varlen=True)
-    packed_default = policy.default_for("sm_90a", 128).replace(dynamic_tiles=True)
+    packed_default = policy.default_for("sm_90a", 128, seqlen=4096).replace(dynamic_tiles=True)
     assert dispatch.config_for(device, packed) == packed_default == (
         dispatch.config_for(device, problem(4096)).replace(cluster_m=1, dynamic_tiles=True))
     ring = policy.mma_sync_default_for("sm_90a", 128).replace(row_sum_chains=16)
@@ -368,7 +371,7 @@ def test_dispatch_default_follows_the_mask_variant(fake_h200):
             in_range, not in_range, in_range), seqlen
     chosen_plain = dispatch.config_for(device, problem(4096))
     fp16 = dispatch.config_for(device, problem(4096, torch.float16))
-    assert fp16 == policy.default_for("sm_90a", 128, dtype="float16").replace(
+    assert fp16 == policy.default_for("sm_90a", 128, dtype="float16", seqlen=4096).replace(
         cluster_m=2) != ladder.k16
     hd32 = dataclasses.replace(problem(4096), head_dim=32)
     assert dispatch.config_for(device, hd32).block_m == 192

@@ -204,6 +204,13 @@ class FlashConfig:
             the consumers, back from this tile's epilogue, wait for that load; with two it
             loads while they still walk this tile's K/V blocks. Needs O staged in a tile of
             its own (``stages_o_apart``), where Q's second buffer leaves room for it.
+        split_tail: (wgmma; a persistent static walk, no mask, dense) the last full wave of
+            tiles and the partial one after it are dealt out as equal runs of K/V blocks
+            (stream-K over the tail, ``kernels/common/tile_scheduler.py``) instead of whole
+            tiles, so no CTA idles through a partial last wave; a tile split between two CTAs
+            is merged through global scratch (the later blocks' unnormalised O and row
+            statistics) by the CTA that walks its earlier blocks. No effect on another grid,
+            under a mask or on packed sequences (whose tiles differ in length).
     """
 
     block_m: int = 64
@@ -242,6 +249,7 @@ class FlashConfig:
     dynamic_tiles: bool = False
     cluster_m: int = 1
     q_stages: int = 1
+    split_tail: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
@@ -320,11 +328,11 @@ class FlashConfig:
         elif (self.intra_wg_overlap or self.pingpong or self.fence_p
               or self.rescale_o_before_pv or self.dynamic_tiles or self.late_o_addresses
               or self.lazy_rescale or self.correction_first or self.try_wait_first
-              or self.cluster_m != 1 or self.q_stages != 1):
+              or self.cluster_m != 1 or self.q_stages != 1 or self.split_tail):
             raise ConfigError("intra_wg_overlap, pingpong, fence_p, rescale_o_before_pv, "
                               "dynamic_tiles, late_o_addresses, lazy_rescale, "
-                              "correction_first, try_wait_first, cluster_m and q_stages "
-                              "schedule the warpgroup-MMA kernel: they need wgmma")
+                              "correction_first, try_wait_first, split_tail, cluster_m and "
+                              "q_stages schedule the warpgroup-MMA kernel: they need wgmma")
         if self.double_buffer_smem_to_rf and not (
             self.q_frags_per_load or self.k_frags_per_load or self.v_frags_per_load
         ):
@@ -418,6 +426,8 @@ class FlashConfig:
                 flags.append(f"cluster_{self.cluster_m}")
             if self.q_stages > 1:
                 flags.append(f"q_stages_{self.q_stages}")
+            if self.split_tail:
+                flags.append("split_tail")
             return f"({self.block_m}, {self.block_n}, {self.num_warps}): " + "+".join(flags)
         flags = []
         if self.async_copy:

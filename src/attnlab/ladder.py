@@ -144,7 +144,8 @@ HOPPER_STEPS: dict[str, FlashConfig] = {
 #: sum started from the old sum times its correction, so O's rescale runs under P's
 #: exponentials (forty-seventh session), the hd64 default. Off the persistent step without
 #: turns, Q in two buffers, so the next tile's Q loads during this tile's K/V walk (the hd128
-#: default, forty-ninth session).
+#: default, forty-ninth session); on it the last two waves dealt out as runs of K/V blocks (the
+#: hd128 default from 8k queries, sixtieth session).
 _RING3 = HOPPER_STEPS["wgmma"].replace(kv_stages=3)
 _PINGPONG = _RING3.replace(intra_wg_overlap=True, pingpong=True)
 _PERSISTENT = _PINGPONG.replace(persistent=True, kv_stages=2)
@@ -157,6 +158,7 @@ WGMMA_STEPS: dict[str, FlashConfig] = {
     "wg_free": _PERSISTENT.replace(pingpong=False),
     "wg_cluster": _PERSISTENT.replace(pingpong=False, cluster_m=2),
     "wg_q2": _PERSISTENT.replace(pingpong=False, q_stages=2),
+    "wg_split_tail": _PERSISTENT.replace(pingpong=False, q_stages=2, split_tail=True),
     "wg_rescale_first": _PERSISTENT.replace(pingpong=False, rescale_o_before_pv=True),
     "wg_tall": _TALL,
     "wg_tall_rescale_first": _TALL.replace(rescale_o_before_pv=True),
@@ -177,7 +179,8 @@ BASES: dict[str, str] = {
     "bc128": "br16", "tma_ring": "k16", "interleave_softmax": "tma_ring",
     "wgmma": "interleave_softmax", "wg_ring3": "wgmma", "wg_overlap": "wg_ring3",
     "wg_pingpong": "wg_overlap", "wg_persistent": "wg_pingpong", "wg_free": "wg_persistent",
-    "wg_cluster": "wg_free", "wg_q2": "wg_free", "wg_rescale_first": "wg_free",
+    "wg_cluster": "wg_free", "wg_q2": "wg_free", "wg_split_tail": "wg_q2",
+    "wg_rescale_first": "wg_free",
     "wg_tall": "wg_persistent",
     "wg_tall_rescale_first": "wg_tall", "wg_tall_late_o": "wg_tall",
     "wg_tall_correction_first": "wg_tall_late_o",
@@ -216,6 +219,7 @@ STEP_NAMES: dict[str, str] = {
     "wg_free": "sm_90a: persistent, the warpgroups without turns",
     "wg_cluster": "sm_90a: K/V multicast to clusters of two CTAs",
     "wg_q2": "sm_90a: Q in two buffers, the next tile's loaded during this one",
+    "wg_split_tail": "sm_90a: the last two waves dealt out as runs of K/V blocks",
     "wg_rescale_first": "sm_90a: O rescaled under the next S = Q K^T",
     "wg_tall": "sm_90a: three consumer warpgroups (B_r = 192)",
     "wg_tall_rescale_first": "sm_90a: B_r = 192, O rescaled under the next S = Q K^T",

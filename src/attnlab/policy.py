@@ -335,8 +335,17 @@ _BAND_MAX_WIDTH = {96: 1024}
 #: only), B_c 80 -> 64, in two runs: 8k bf16 748 (764) -> 747 (766) and 755 (772) -> 748
 #: (767), fp16 735 (727) -> 717 (726) and 728 (743) -> 729 (738); 16k +3.1 to +5.2 %, but at
 #: 16k tokens of 8 heads bf16 764 (784) -> 762 (786), fp16 734 (755) -> 735 (751)).
+#: From there hd128 and hd256 deal their last two waves out as runs of K/V blocks
+#: (``split_tail``; sixtieth session, H200, 16k tokens, end to end (device only), default ->
+#: split): bf16 hd128 8k 678 (703) -> 686 (716), 16k 695 (710) -> 706 (721); hd256 8k 751
+#: (785) -> 758 (803), 16k 777 (806) -> 793 (809); fp16 hd128 8k 655 (680) -> 657 (681), 16k
+#: 671 (680) -> 670 (682); hd256 8k 721 (765) -> 729 (780), 16k 731 (774) -> 742 (793). Shorter
+#: tiles pay more for a piece's start and merge: end to end 2k -0.2 to -1.9 %, 4k -0.5 to +0.9 %
+#: (device only +0.4 to +1.5 %).
+_SPLIT_TAIL = {"split_tail": True}
 _LONG_PLAIN_TILES: dict[int, dict[str, object]] = {
-    64: {"q_stages": 1}, 256: {"block_n": 80, "fence_p": True}}
+    64: {"q_stages": 1}, 128: _SPLIT_TAIL,
+    256: {"block_n": 80, "fence_p": True, **_SPLIT_TAIL}}
 LONG_PLAIN_SEQLEN = 8192
 #: Keys a short K/V sequence has at most (cross-attention to a CLIP-77 context): one K/V
 #: block of 80 instead of 128 keys with 40 % padding. Measured at hd64 and hd128 (seed 004's
@@ -437,7 +446,10 @@ def _wgmma_default(head_dim: int, windowed: bool, varlen: bool, seqlen: int | No
         config = config.replace(**_LONG_PLAIN_TILES[head_dim])
     if short_kv and not windowed and head_dim in _SHORT_KV_HEAD_DIMS:
         config = config.replace(**_SHORT_KV_TILE)
-    return packed_walk(config, head_dim, windowed, seqlen) if varlen else config
+    if varlen:
+        # Packed sequences' tiles differ in length: no split tail (their walk is the counter's).
+        return packed_walk(config.replace(split_tail=False), head_dim, windowed, seqlen)
+    return config
 
 
 def paired_row_blocks(config: FlashConfig, head_dim: int, seqlen_q: int) -> FlashConfig:

@@ -17,8 +17,13 @@ import torch
 
 from attnlab import device, dispatch, kernel_cache
 from attnlab.config import FlashConfig
-from attnlab.counters import tile_counters
-from attnlab.kernels.abi import ForwardSpec, encode_window, row_head_strides
+from attnlab.counters import scratch, tile_counters
+from attnlab.kernels.abi import (
+    ForwardSpec,
+    encode_window,
+    row_head_strides,
+    split_tail_scratch,
+)
 from attnlab.memo import remember
 from attnlab.validation import Problem, check_data_pointers, describe
 
@@ -31,7 +36,7 @@ class Launch:
     """
 
     __slots__ = ("fn", "softmax_scale", "left", "right", "max_seqlen_q", "num_ctas",
-                 "spec", "dynamic_tiles")
+                 "spec", "dynamic_tiles", "scratch_size")
 
     def __init__(self, fn: Any, softmax_scale: float = 1.0, window: tuple[int, int] = (0, 0),
                  max_seqlen_q: int = 0, num_ctas: int | None = None,
@@ -43,14 +48,23 @@ class Launch:
         self.num_ctas = num_ctas
         self.spec = spec
         self.dynamic_tiles = spec is not None and spec.config.dynamic_tiles
+        # A split_tail launch's scratch (fp32 values); 0 without.
+        self.scratch_size = (split_tail_scratch(spec.config, spec.head_dim, num_ctas)
+                             if spec is not None and spec.splits_tail else 0)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None = None,
                  cu_seqlens_k: torch.Tensor | None = None) -> None:
         if self.fn is not None:
-            counter = tile_counters(q.device, 2) if self.dynamic_tiles else None
+            counter = partials = None
+            if self.dynamic_tiles:
+                counter = tile_counters(q.device, 2)
+            elif self.scratch_size:
+                counter = tile_counters(q.device, self.num_ctas)
+                partials = scratch(q.device, self.scratch_size)
             self.fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, self.softmax_scale,
-                    self.left, self.right, self.max_seqlen_q, self.num_ctas, counter)
+                    self.left, self.right, self.max_seqlen_q, self.num_ctas, counter,
+                    partials)
         elif q.numel():
             out.zero_()
             if lse is not None:

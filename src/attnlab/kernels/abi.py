@@ -110,6 +110,14 @@ class ForwardSpec:
         return dataclasses.replace(self, **changes)
 
     @property
+    def splits_tail(self) -> bool:
+        """``split_tail`` applies: its runs of K/V blocks end a persistent static walk of
+        tiles of equal length, which neither a mask nor packed sequences give (elsewhere the
+        knob has no effect)."""
+        return (self.config.split_tail and self.config.static_persistent_walk
+                and not (self.windowed or self.varlen))
+
+    @property
     def label(self) -> str:
         """The config's name (logs and tables)."""
         return self.config.short_name()
@@ -148,7 +156,10 @@ class ForwardArgs(NamedTuple):
         num_ctas: the grid of a ``persistent`` config (CTAs looping over tiles); None
             otherwise.
         tile_counter: int32, at least two elements, zero before the launch and left zero
-            (``attnlab.counters``): the tile counter of a ``dynamic_tiles`` config; None
+            (``attnlab.counters``): the tile counter of a ``dynamic_tiles`` config, or a
+            ``split_tail`` config's flags (one per CTA); None otherwise.
+        scratch: fp32, ``split_tail_scratch(...)`` elements (``attnlab.counters.scratch``):
+            where a ``split_tail`` config's split tiles leave their partial results; None
             otherwise.
     """
 
@@ -165,6 +176,19 @@ class ForwardArgs(NamedTuple):
     max_seqlen_q: Any
     num_ctas: Any
     tile_counter: Any = None
+    scratch: Any = None
+
+
+def split_tail_values(config: FlashConfig, head_dim: int) -> int:
+    """fp32 values a consumer thread of a ``split_tail`` kernel leaves for a split tile: its
+    share of O and the maximum and sum of its two rows (a warpgroup's 64 rows over 128
+    threads)."""
+    return config.block_m * head_dim // (32 * config.num_warps) + 2 * 2
+
+
+def split_tail_scratch(config: FlashConfig, head_dim: int, num_ctas: int) -> int:
+    """fp32 elements of a ``split_tail`` launch's scratch: one slot per CTA."""
+    return split_tail_values(config, head_dim) * 32 * config.num_warps * num_ctas
 
 
 def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
@@ -183,7 +207,8 @@ def fake_forward_args(spec: ForwardSpec) -> ForwardArgs:
         *tiles, lse, cu_q, cu_k, cutlass.Float32(1.0),
         cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1),
         cutlass.Int32(1) if spec.config.persistent else None,
-        _fake_cu_seqlens() if spec.config.dynamic_tiles else None)
+        _fake_cu_seqlens() if spec.config.dynamic_tiles or spec.splits_tail else None,
+        _fake_scratch() if spec.splits_tail else None)
 
 
 @dataclass(frozen=True)
@@ -522,6 +547,14 @@ def _fake_row_stats(varlen: bool, padded: bool = False):
               *(cute.sym_int32(divisibility=div) for _ in range(rows - 2)), 1)
     return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(rows)),
                             stride=stride, assumed_align=4 * div)
+
+
+def _fake_scratch():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,), assumed_align=16)
 
 
 def _fake_cu_seqlens():

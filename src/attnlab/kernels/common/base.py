@@ -27,6 +27,7 @@ class AttentionKernel:
         self.dtype = element_type(spec.dtype)
         self.windowed = spec.windowed
         self.varlen = spec.varlen
+        self.splits_tail = getattr(spec, "splits_tail", False)
 
 
 class ForwardKernel(AttentionKernel):
@@ -48,6 +49,7 @@ class ForwardKernel(AttentionKernel):
         max_seqlen_q: cutlass.Int32,
         num_ctas: cutlass.Int32 | None,
         tile_counter: cute.Tensor | None,
+        scratch: cute.Tensor | None,
         stream: cuda.CUstream,
     ):
         """Launch on the arguments of ``kernels.abi.ForwardArgs`` (and the stream)."""
@@ -55,7 +57,7 @@ class ForwardKernel(AttentionKernel):
         # The same arguments, the tensors as the kernels index them.
         views = ForwardArgs(*problem_tensors((q, k, v, out, lse), self.varlen), cu_seqlens_q,
                             cu_seqlens_k, softmax_scale, window_left, window_right,
-                            max_seqlen_q, num_ctas, tile_counter)
+                            max_seqlen_q, num_ctas, tile_counter, scratch)
         self.launch(views, num_seqs, stream)
 
     def launch(self, t: ForwardArgs, num_seqs: cutlass.Int32, stream: cuda.CUstream):
@@ -68,15 +70,19 @@ class ForwardKernel(AttentionKernel):
                        persistent: bool) -> TileScheduler:
         """The launch's tile scheduler, as the kernel builds it (a masked ``lpt`` launch sizes
         its L2 sections from ``kv_rows``, the K/V tensor's rows: a sequence's, or all packed
-        ones)."""
+        ones; a ``split_tail`` launch counts its tiles' K/V blocks from them)."""
         section = None
         if cutlass.const_expr(self.windowed and self.cfg.lpt):
             if cutlass.const_expr(self.varlen):
                 kv_rows = cutlass.max(kv_rows // num_seqs, 1)
             section = heads_per_section(kv_rows, 2 * self.head_dim * self.dtype.width // 8,
                                         heads_per_kv, self.cfg.l2_section_mb << 20, DSL_OPS)
+        split_blocks = None
+        if cutlass.const_expr(self.splits_tail):
+            split_blocks = cute.ceil_div(kv_rows, self.cfg.block_n)
         return TileScheduler(num_m_blocks, num_seqs, num_heads, persistent, self.windowed,
-                             self.cfg.lpt, section, cluster=self.cfg.cluster_m)
+                             self.cfg.lpt, section, cluster=self.cfg.cluster_m,
+                             split_blocks=split_blocks)
 
 
 def shared_tile(dtype: type[cutlass.Numeric], layout) -> type:

@@ -252,6 +252,23 @@ class OnlineSoftmax:
         return chained_sum(terms, self.sum_chains)
 
     @cute.jit
+    def merge(self, acc_o: cute.Tensor, other_o, other_max, other_sum):
+        """Fold in the statistics and O of the same rows over other K/V blocks (a split
+        tile's other piece, ``FlashConfig.split_tail``): ``other_o(r, c)`` is element
+        ``(r, c)`` of its O in ``acc_mn_view`` order (not normalised), ``other_max(r)`` and
+        ``other_sum(r)`` row ``r``'s maximum and this thread's partial sum. Both sides move to
+        the larger maximum, as one more block would move them."""
+        o_mn = acc_mn_view(acc_o)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            m_new = cute.arch.fmax(self.row_max[r], other_max(r))
+            m_exp = self._exponent_max(m_new)
+            mine, theirs = self._exp(self.row_max[r], m_exp), self._exp(other_max(r), m_exp)
+            self.row_sum[r] = self.row_sum[r] * mine + other_sum(r) * theirs
+            for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                o_mn[r, c] = o_mn[r, c] * mine + other_o(r, c) * theirs
+            self.row_max[r] = m_new
+
+    @cute.jit
     def finalize(self, acc_o: cute.Tensor, lse: cute.Tensor):
         """Normalise O by the row sums and write each row's natural-log LSE into ``lse``."""
         o_mn = acc_mn_view(acc_o)

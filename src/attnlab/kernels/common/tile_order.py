@@ -37,6 +37,62 @@ def snake_tile(cta, ctas, wave):
     return wave * ctas + cta + (wave % 2) * (ctas - 1 - 2 * cta)
 
 
+class TailShare(NamedTuple):
+    """How a persistent CTA's walk ends with ``split_tail`` (``tail_share``): ``waves`` waves
+    of whole tiles in the snake's order (the last may hold tiles past the end, which the CTA
+    skips), then the K/V blocks ``[first, last)`` of the tiles from ``waves * ctas`` on,
+    counted as one run of ``blocks`` per tile (empty where the tail is not split)."""
+
+    waves: Any
+    first: Any
+    last: Any
+
+
+def tail_share(cta, ctas, num_tiles, blocks, ops: IntOps = PYTHON_OPS) -> TailShare:
+    """CTA ``cta``'s share of a launch of ``num_tiles`` tiles of ``blocks`` K/V blocks each,
+    with the last two waves split (``FlashConfig.split_tail``). The whole waves leave a
+    partial last wave of ``num_tiles % ctas`` tiles, where the CTAs without one idle; split,
+    the last full wave and that partial one (``ctas`` to ``2 ctas - 1`` tiles) are dealt out
+    as equal runs of K/V blocks, each at least a tile long, so a tile falls to at most two
+    CTAs: the end of one run and the start of the next. Not split where nothing idles (no
+    partial wave) or the share would be shorter than a tile (fewer tiles than CTAs)."""
+    waves = num_tiles // ctas
+    partial = num_tiles - waves * ctas
+    split = ops.minimum(partial, 1) * ops.minimum(waves, 1)
+    tail_blocks = split * (ctas + partial) * blocks
+    # cta * tail_blocks // ctas without the product (it may pass 2^31 at long sequences).
+    share, extra = tail_blocks // ctas, tail_blocks % ctas
+    return TailShare(waves - split + (1 - split) * ops.minimum(partial, 1),
+                     cta * share + cta * extra // ctas,
+                     (cta + 1) * share + (cta + 1) * extra // ctas)
+
+
+#: A unit's role in a ``split_tail`` walk (``tail_piece``): a whole tile; the later blocks of
+#: a tile split between two CTAs (their partial result goes to scratch); its earlier blocks
+#: (they merge that result and store the tile).
+WHOLE, DONOR, FINISHER = 0, 1, 2
+
+
+def tail_pieces(share: TailShare, blocks, ops: IntOps = PYTHON_OPS):
+    """How many pieces (whole tiles or parts of one) a CTA's run of the tail holds."""
+    runs = ops.minimum(share.last - share.first, 1)
+    return runs * ((share.last - 1) // blocks - share.first // blocks + 1)
+
+
+def tail_piece(position, share_last, blocks, ops: IntOps = PYTHON_OPS) -> tuple:
+    """The piece of a tail run that starts at block ``position`` (counted as in
+    ``TailShare``) of a run ending at ``share_last``: ``(tile, first, last, role)``, the
+    tile counted from the tail's first and its K/V blocks ``[first, last)``. A run starts
+    with a tile's later blocks (``DONOR``) and ends with a tile's earlier ones
+    (``FINISHER``); a share is at least a tile long, so no piece is both."""
+    tile = position // blocks
+    first = position - tile * blocks
+    last = ops.minimum(blocks, first + share_last - position)
+    started = ops.minimum(first, 1)
+    role = started * DONOR + (1 - started) * ops.minimum(blocks - last, 1) * FINISHER
+    return tile, first, last, role
+
+
 def heads_per_section(kv_rows, kv_row_bytes: int, heads_per_kv, section_bytes: int,
                       ops: IntOps = PYTHON_OPS):
     """Query heads of one L2 section: whole groups of ``heads_per_kv`` (the query heads that

@@ -35,22 +35,42 @@ tile, and its CTA of rank ``r`` computes the group's ``r``-th row block (past th
 block where their count is not a multiple: its Q is read as zeros and its O is clipped).
 """
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 
 from attnlab.kernels.common.tile_order import (
+    DONOR,
+    FINISHER,
+    WHOLE,
     IntOps,
     heads_per_section,
     longest_first,
     snake_tile,
+    tail_piece,
+    tail_pieces,
+    tail_share,
     tile_coords,
 )
 
 #: The DSL's integer operations, for the arithmetic of ``tile_order`` on traced values.
 DSL_OPS = IntOps(cutlass.min, cutlass.max, cute.ceil_div)
 
-__all__ = ["DSL_OPS", "TileScheduler", "cluster_rank", "count_out", "heads_per_section",
-           "longest_first", "next_tile", "snake_count", "snake_tile"]
+__all__ = ["DONOR", "DSL_OPS", "FINISHER", "WHOLE", "KvPiece", "TileScheduler", "cluster_rank",
+           "count_out", "heads_per_section", "longest_first", "next_tile", "snake_count",
+           "snake_tile"]
+
+
+class KvPiece(NamedTuple):
+    """A ``split_tail`` walk's unit of work: the K/V blocks ``[first, last)`` of a tile, its
+    role (``WHOLE``, ``DONOR``, ``FINISHER``) and whether the tile exists (a whole wave's
+    last may run past the end)."""
+
+    first: object
+    last: object
+    role: object
+    valid: object
 
 
 def cluster_rank() -> cutlass.Int32:
@@ -97,8 +117,10 @@ class TileScheduler:
 
     def __init__(self, num_m_blocks, num_seqs, num_heads, persistent: bool, windowed: bool,
                  lpt: bool = False, section=None, first_is_longest: bool = False,
-                 cluster: int = 1):
+                 cluster: int = 1, split_blocks=None):
         self.cluster = cluster
+        # ``split_tail``: the K/V blocks of every tile (None: whole tiles only).
+        self.split_blocks = split_blocks
         # The walk's unit: a group of ``cluster`` row blocks.
         self.num_m_blocks = (num_m_blocks if cluster == 1
                              else (num_m_blocks + cluster - 1) // cluster)
@@ -129,7 +151,9 @@ class TileScheduler:
         order, and ``between()`` after each tile of a persistent CTA (e.g. a barrier before the
         next tile reuses this one's shared memory). ``carried`` is what a CTA takes from one
         tile to the next (e.g. the position of its K/V ring); the last value is returned."""
-        if cutlass.const_expr(self.persistent):
+        if cutlass.const_expr(self.split_blocks is not None):
+            carried = self._walk_pieces(body, carried)
+        elif cutlass.const_expr(self.persistent):
             cta, _, _ = cute.arch.block_idx()
             ctas, _, _ = cute.arch.grid_dim()
             # A cluster's CTAs are consecutive along x: they share its place in the walk.
@@ -144,6 +168,28 @@ class TileScheduler:
                 tile, step = tile + step, 2 * ctas - step
         else:
             carried = body(*self.tile(), carried)
+        return carried
+
+    @cute.jit
+    def _walk_pieces(self, body, carried):
+        """``split_tail``: ``carried = body(m_block, seq, head, carried, piece)`` for each
+        whole tile of the CTA's waves, then each piece of its run of the tail (one traced
+        body: a unit's tile and blocks come from arithmetic on the unit's index)."""
+        cta, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
+        cta, ctas = cta // self.cluster, ctas // self.cluster
+        blocks, num_tiles = self.split_blocks, self.num_tiles()
+        share = tail_share(cta, ctas, num_tiles, blocks, DSL_OPS)
+        position = share.first
+        for unit in cutlass.range(share.waves + tail_pieces(share, blocks, DSL_OPS), unroll=1):
+            tile, first = snake_tile(cta, ctas, unit), cutlass.Int32(0)
+            last, role = blocks, cutlass.Int32(WHOLE)
+            if unit >= share.waves:
+                tile, first, last, role = tail_piece(position, share.last, blocks, DSL_OPS)
+                tile = share.waves * ctas + tile
+                position = position + last - first
+            carried = body(*self.coords(tile), carried,
+                           KvPiece(first, last, role, tile < num_tiles))
         return carried
 
     @cute.jit

@@ -46,6 +46,13 @@ straight from the S registers, O normalised once); what changes is who does the 
   neither producer refills a stage the other CTA still reads; before a CTA exits, its
   producer waits until every stage has been released, so no release from the other CTA
   arrives after it.
+* **The tail in runs of K/V blocks** (``split_tail``, persistent unmasked walks). The last
+  full wave of tiles and the partial one are dealt out as equal runs of K/V blocks instead of
+  whole tiles (``tile_scheduler``), so no CTA idles through a partial last wave. A tile split
+  between two CTAs: the one with its later blocks leaves O (not normalised) and the rows'
+  statistics in global scratch and raises a flag (``_donate``); the one with its earlier blocks
+  waits for the flag, merges (``OnlineSoftmax.merge``) and stores the tile
+  (``_merge_donated``).
 * **Tile height.** One to three consumer warpgroups of 64 rows (``block_m`` 64, 128 or 192):
   three share the registers three ways (160 each), enough at small head dims, where a taller
   tile loads K and V once for more rows.
@@ -66,7 +73,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from attnlab.config import WGMMA_M, ConfigError
-from attnlab.kernels.abi import ForwardArgs, ForwardSpec
+from attnlab.kernels.abi import ForwardArgs, ForwardSpec, split_tail_values
 from attnlab.kernels.common import mask
 from attnlab.kernels.common.barriers import NamedBarrier
 from attnlab.kernels.common.base import (
@@ -83,7 +90,15 @@ from attnlab.kernels.common.layouts import (
 )
 from attnlab.kernels.common.softmax import OnlineSoftmax
 from attnlab.kernels.common.tensors import sequence_rows
-from attnlab.kernels.common.tile_scheduler import TileScheduler, cluster_rank, count_out
+from attnlab.kernels.common.tile_scheduler import (
+    DONOR,
+    FINISHER,
+    WHOLE,
+    KvPiece,
+    TileScheduler,
+    cluster_rank,
+    count_out,
+)
 from attnlab.kernels.common.tma import rows_first, tile_partition
 from attnlab.kernels.sm90.registers import CONSUMER_REGS, PRODUCER_REGS
 from attnlab.kernels.sm90.wgmma import uniform_stage, wait_full, wgmma_gemm
@@ -129,6 +144,7 @@ class TileExtent(NamedTuple):
     left_end: object
     right_start: object
     has_rows: object
+    role: object = WHOLE
 
 
 class FlashForwardSm90(ForwardKernel):
@@ -199,7 +215,7 @@ class FlashForwardSm90(ForwardKernel):
             tma_q, tma_k, tma_v, o_store, t.lse, t.cu_seqlens_q, t.cu_seqlens_k, t.window_left,
             t.window_right, t.softmax_scale, mma_qk, mma_pv, sQ_layout, sO_layout, sK_layout,
             sV_layout, SharedStorage, num_m_blocks, num_seqs, mQ.shape[2] // mK.shape[2],
-            t.tile_counter,
+            t.tile_counter, t.scratch,
         ).launch(grid=scheduler.grid(t.num_ctas), block=[cfg.num_threads, 1, 1],
                  cluster=[cluster, 1, 1] if cluster > 1 else None, stream=stream,
                  min_blocks_per_mp=1)
@@ -242,7 +258,7 @@ class FlashForwardSm90(ForwardKernel):
                softmax_scale: cutlass.Float32, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma,
                sQ_layout, sO_layout, sK_layout, sV_layout, SharedStorage: cutlass.Constexpr,
                num_m_blocks: cutlass.Int32, num_seqs: cutlass.Int32,
-               heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor):
+               heads_per_kv: cutlass.Int32, mTileCounter: cute.Tensor, mScratch: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -280,9 +296,9 @@ class FlashForwardSm90(ForwardKernel):
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS[self.num_consumers])
             if warp_idx == 0:
-                produce = lambda m_block, seq, head, states: self._produce(  # noqa: E731
-                    self._tile(m_block, seq, head, *tiles), tma_q, tma_k, tma_v, sQ, sK, sV,
-                    pipes, states)
+                produce = lambda m_block, seq, head, states, piece=None: self._produce(  # noqa: E731
+                    self._tile(m_block, seq, head, *tiles, piece), tma_q, tma_k, tma_v, sQ, sK,
+                    sV, pipes, states)
                 states = self._ring_states(pipeline.PipelineUserType.Producer)
                 if cutlass.const_expr(cfg.dynamic_tiles):
                     self._produce_dynamic(self.tile_scheduler(*tile_grid), produce, states,
@@ -304,10 +320,11 @@ class FlashForwardSm90(ForwardKernel):
                     # The first turn at the tensor cores is warpgroup 0's. Once per CTA: a
                     # persistent CTA's last turn of a tile hands over to its next tile's first.
                     NamedBarrier.SCHEDULER.arrive(TURN_THREADS, wg)
-            consume = lambda m_block, seq, head, states: self._consume(  # noqa: E731
-                self._tile(m_block, seq, head, *tiles), ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
-                sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right, states,
-                waited=cfg.dynamic_tiles)
+            split = (mTileCounter, mScratch) if self.splits_tail else None
+            consume = lambda m_block, seq, head, states, piece=None: self._consume(  # noqa: E731
+                self._tile(m_block, seq, head, *tiles, piece), ctidx, wg, mma_qk, mma_pv, sQ,
+                sO, sK, sV, pipes, o_store, mLSE, softmax_scale, window_left, window_right,
+                states, split, waited=cfg.dynamic_tiles)
             states = self._ring_states(pipeline.PipelineUserType.Consumer)
             if cutlass.const_expr(cfg.dynamic_tiles):
                 self._consume_dynamic(self.tile_scheduler(*tile_grid), consume, states, slots,
@@ -381,8 +398,9 @@ class FlashForwardSm90(ForwardKernel):
     @cute.jit
     def _tile(self, m_block, seq, head, tma_q: tuple, tma_k: tuple, tma_v: tuple,
               mCuQ: cute.Tensor, mCuK: cute.Tensor, window_left, window_right,
-              heads_per_kv) -> TileExtent:
-        """Where tile ``(m_block, seq, head)`` lies: its sequence and its K/V blocks."""
+              heads_per_kv, piece: KvPiece | None = None) -> TileExtent:
+        """Where tile ``(m_block, seq, head)`` lies: its sequence and its K/V blocks (with
+        ``split_tail``, the ``piece`` of them a unit of the walk takes)."""
         cfg = self.cfg
         # A batch element, or rows of the packed tensors from ``origins``.
         batch, origins = seq, None
@@ -394,14 +412,17 @@ class FlashForwardSm90(ForwardKernel):
         n_min, n_max = mask.kv_block_range(row0, seqlen_q, seqlen_k, window_left,
                                            window_right, cfg.block_m, cfg.block_n,
                                            self.windowed)
-        left_end, right_start = mask.masked_block_bounds(
-            row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
-            cfg.block_n, self.windowed)
+        role = WHOLE
         # Past the end of a short packed sequence (the grid is sized for the longest):
         # nothing to load, compute or store. A dense grid has no such tile.
         has_rows = row0 < seqlen_q if self.varlen else True
+        if cutlass.const_expr(piece is not None):
+            n_min, n_max, role, has_rows = piece
+        left_end, right_start = mask.masked_block_bounds(
+            row0, seqlen_q, seqlen_k, window_left, window_right, n_min, n_max, cfg.block_m,
+            cfg.block_n, self.windowed)
         return TileExtent(m_block, head, head // heads_per_kv, batch, origins, seqlen_q,
-                          seqlen_k, row0, n_min, n_max, left_end, right_start, has_rows)
+                          seqlen_k, row0, n_min, n_max, left_end, right_start, has_rows, role)
 
     @cute.jit
     def _produce(self, tile: TileExtent, tma_q: tuple, tma_k: tuple, tma_v: tuple,
@@ -472,17 +493,19 @@ class FlashForwardSm90(ForwardKernel):
                  mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor, sK: cute.Tensor,
                  sV: cute.Tensor, pipes: list, o_store: tuple, mLSE: cute.Tensor,
                  softmax_scale: cutlass.Float32, window_left, window_right,
-                 states: tuple, waited: cutlass.Constexpr = False) -> tuple:
+                 states: tuple, split: tuple | None, waited: cutlass.Constexpr = False) -> tuple:
         """A consumer warpgroup's share of one tile (none past the end of a packed
         sequence); returns the rings' states after it. ``waited``: Q has landed (the
-        dynamic walk waits for it to read the tile)."""
+        dynamic walk waits for it to read the tile). ``split``: ``split_tail``'s flags and
+        scratch."""
         q_state, state = states
         if tile.has_rows:
             if cutlass.const_expr(not waited):
                 wait_full(pipes[0], q_state, self.cfg.try_wait_first)
             q_state, state = self._consume_rows(tile, ctidx, wg, mma_qk, mma_pv, sQ, sO, sK,
                                                 sV, pipes, o_store, mLSE, softmax_scale,
-                                                window_left, window_right, q_state, state)
+                                                window_left, window_right, q_state, state,
+                                                split)
         return q_state, state
 
     @cute.jit
@@ -490,7 +513,7 @@ class FlashForwardSm90(ForwardKernel):
                       mma_pv: cute.TiledMma, sQ: cute.Tensor, sO: cute.Tensor,
                       sK: cute.Tensor, sV: cute.Tensor, pipes: list, o_store: tuple,
                       mLSE: cute.Tensor, softmax_scale: cutlass.Float32, window_left,
-                      window_right, q_state, state) -> tuple:
+                      window_right, q_state, state, split: tuple | None) -> tuple:
         """Its 64 rows of S = Q K^T, softmax and O += P V per block, then its share of the
         epilogue. Q is released once nothing reads it: after the last S = Q K^T where O has
         its own tile, else once O, staged in Q's tile, has been read out."""
@@ -545,16 +568,85 @@ class FlashForwardSm90(ForwardKernel):
         if cutlass.const_expr(o_apart):
             q_pipe.consumer_release(q_state)
 
-        lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
-        softmax.finalize(acc_O, lse_rows)
-        if cutlass.const_expr(mLSE is not None):
-            store_lse(mLSE, tile.batch, tile.head, first_row, thr_pv, (cfg.block_m, D),
-                      lse_rows, rows_left)
-        self._store_o(o_store, sO, acc_O, mma_pv, ctidx, tile, first_row, rows_left)
+        finish = (acc_O, softmax, mLSE, thr_pv, o_store, sO, mma_pv, ctidx, tile, first_row,
+                  rows_left)
+        if cutlass.const_expr(split is not None):
+            flags, scratch = split
+            cta, _, _ = cute.arch.block_idx()
+            if tile.role == FINISHER:
+                self._merge_donated(acc_O, softmax, flags, scratch, cta + cfg.cluster_m, ctidx)
+            if tile.role == DONOR:
+                self._donate(acc_O, softmax, flags, scratch, cta, ctidx)
+            else:
+                self._finish_tile(*finish)
+        else:
+            self._finish_tile(*finish)
         if cutlass.const_expr(cfg.persistent and not o_apart):
             q_pipe.consumer_release(q_state)
         q_state.advance()
         return q_state, state
+
+    @cute.jit
+    def _finish_tile(self, acc_O: cute.Tensor, softmax: OnlineSoftmax, mLSE: cute.Tensor,
+                     thr_pv, o_store: tuple, sO: cute.Tensor, mma_pv: cute.TiledMma, ctidx,
+                     tile: TileExtent, first_row, rows_left) -> None:
+        """O normalised and stored, and the rows' LSE."""
+        lse_rows = cute.make_rmem_tensor((cute.size(softmax.row_max),), cutlass.Float32)
+        softmax.finalize(acc_O, lse_rows)
+        if cutlass.const_expr(mLSE is not None):
+            store_lse(mLSE, tile.batch, tile.head, first_row, thr_pv,
+                      (self.cfg.block_m, self.head_dim), lse_rows, rows_left)
+        self._store_o(o_store, sO, acc_O, mma_pv, ctidx, tile, first_row, rows_left)
+
+    def _donated(self, scratch: cute.Tensor, slot, ctidx) -> cute.Tensor:
+        """A consumer thread's values in ``slot`` of the scratch (``split_tail_values`` of
+        them, one thread's after another's, so a warp's accesses are consecutive): O's rows
+        in the order of ``acc_mn_view``, then the rows' maxima, then their sums."""
+        threads = 32 * self.cfg.num_warps
+        values = split_tail_values(self.cfg, self.head_dim)
+        return cute.make_tensor(scratch.iterator + (slot * values * threads + ctidx),
+                                cute.make_layout(values, stride=threads))
+
+    @cute.jit
+    def _donate(self, acc_O: cute.Tensor, softmax: OnlineSoftmax, flags: cute.Tensor,
+                scratch: cute.Tensor, slot, ctidx) -> None:
+        """``split_tail``, the later blocks of a split tile: O (not normalised) and the row
+        statistics into the CTA's slot of the scratch, then its flag raised (each thread's
+        release fence and the consumers' barrier order every write before it)."""
+        donated = self._donated(scratch, slot, ctidx)
+        o_mn = acc_mn_view(acc_O)
+        rows, cols = cute.size(o_mn, mode=[0]), cute.size(o_mn, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            for c in cutlass.range_constexpr(cols):
+                donated[r * cols + c] = o_mn[r, c]
+            donated[rows * cols + r] = softmax.row_max[r]
+            donated[rows * cols + rows + r] = softmax.row_sum[r]
+        cute.arch.fence_acq_rel_gpu()
+        NamedBarrier.EPILOGUE.sync(self.cfg.num_warps * 32)
+        if ctidx == 0:
+            cute.arch.store(flags.iterator + slot, cutlass.Int32(1), sem="release",
+                            scope="gpu")
+
+    @cute.jit
+    def _merge_donated(self, acc_O: cute.Tensor, softmax: OnlineSoftmax, flags: cute.Tensor,
+                       scratch: cute.Tensor, slot, ctidx) -> None:
+        """``split_tail``, the earlier blocks of a split tile: once the donor's flag is up
+        (each thread acquires it, so its reads follow the donor's writes), its O and row
+        statistics merged into this CTA's; the flag is lowered for the next launch once every
+        thread has seen it."""
+        flag = flags.iterator + slot
+        seen = cute.arch.load(flag, cutlass.Int32, sem="acquire", scope="gpu")
+        while seen == 0:
+            seen = cute.arch.load(flag, cutlass.Int32, sem="acquire", scope="gpu")
+        donated = self._donated(scratch, slot, ctidx)
+        rows = cute.size(softmax.row_max)
+        cols = cute.size(acc_mn_view(acc_O), mode=[1])
+        softmax.merge(acc_O, lambda r, c: donated[r * cols + c],
+                      lambda r: donated[rows * cols + r],
+                      lambda r: donated[rows * cols + rows + r])
+        NamedBarrier.EPILOGUE.sync(self.cfg.num_warps * 32)
+        if ctidx == 0:
+            cute.arch.store(flag, cutlass.Int32(0))
 
     @cute.jit
     def _kv_block(self, n_block, state, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk,
