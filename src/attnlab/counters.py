@@ -26,7 +26,8 @@ def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
 
 
 def scratch(dev: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` fp32 values (uninitialised) for launches on the current stream."""
+    """At least ``count`` fp32 values for launches on the current stream (each launch writes
+    what it reads)."""
     return _stream_buffer(_scratch, dev, count, torch.float32)
 
 

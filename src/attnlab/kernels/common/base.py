@@ -27,11 +27,14 @@ class AttentionKernel:
         self.dtype = element_type(spec.dtype)
         self.windowed = spec.windowed
         self.varlen = spec.varlen
-        self.splits_tail = getattr(spec, "splits_tail", False)
 
 
 class ForwardKernel(AttentionKernel):
     """Compile-time description of one forward kernel (a ``ForwardSpec``)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.splits_tail = spec.splits_tail
 
     @cute.jit
     def __call__(
