@@ -152,7 +152,7 @@ class TileScheduler:
         next tile reuses this one's shared memory). ``carried`` is what a CTA takes from one
         tile to the next (e.g. the position of its K/V ring); the last value is returned."""
         if cutlass.const_expr(self.split_blocks is not None):
-            carried = self._walk_pieces(body, carried)
+            carried = self._walk_pieces(body, between, carried)
         elif cutlass.const_expr(self.persistent):
             cta, _, _ = cute.arch.block_idx()
             ctas, _, _ = cute.arch.grid_dim()
@@ -171,10 +171,11 @@ class TileScheduler:
         return carried
 
     @cute.jit
-    def _walk_pieces(self, body, carried):
-        """``split_tail``: ``carried = body(m_block, seq, head, carried, piece)`` for each
-        whole tile of the CTA's waves, then each piece of its run of the tail (one traced
-        body: a unit's tile and blocks come from arithmetic on the unit's index)."""
+    def _walk_pieces(self, body, between, carried):
+        """``split_tail``: ``carried = body(m_block, seq, head, carried, piece)`` and
+        ``between()`` for each whole tile of the CTA's waves, then each piece of its run of
+        the tail (one traced body: a unit's tile and blocks come from arithmetic on the
+        unit's index)."""
         cta, _, _ = cute.arch.block_idx()
         ctas, _, _ = cute.arch.grid_dim()
         cta, ctas = cta // self.cluster, ctas // self.cluster
@@ -190,6 +191,7 @@ class TileScheduler:
                 position = position + last - first
             carried = body(*self.coords(tile), carried,
                            KvPiece(first, last, role, tile < num_tiles))
+            between()
         return carried
 
     @cute.jit
