@@ -166,7 +166,7 @@ def main() -> None:
         cases = [attention_cases(point, {
             **{n: peers[n] for n in PEERS[:1] if n in peers},
             **{name: attnlab_impl(cfg) for name, cfg in candidates(
-                hd, causal, seqlen, set(names.split("+"))).items()}})]
+                hd, causal, seqlen, point.dtype, set(names.split("+"))).items()}})]
     else:
         impls = {"attnlab": attnlab_impl(), **{n: peers[n] for n in PEERS if n in peers}}
         cases = [matmul_cases(), *(attention_cases(point, impls) for point in POINTS)]

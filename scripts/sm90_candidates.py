@@ -188,6 +188,11 @@ for _head_dim in VARIANTS:
 #: sixtieth session): the unmasked persistent static walks.
 for _head_dim in VARIANTS:
     VARIANTS[_head_dim]["split_tail"] = {"split_tail": True}
+#: The fp16 defaults that try a ring stage once before they wait (``try_wait_first``), without
+#: the try: the paired (clustered) hd128 build keeps the wait's retry out of its K/V loops
+#: without it (CPU SASS, sixtieth session), where the try adds 7 instructions a loop body.
+for _head_dim in VARIANTS:
+    VARIANTS[_head_dim]["no_try"] = {"try_wait_first": False}
 #: Variants only an unmasked walk can take: never timed on masked points.
 PLAIN_ONLY = {"cluster", "no_cluster", "split_tail"}
 
@@ -198,16 +203,18 @@ MASKED_ONLY = {"dense_masked_dynamic", "dense_masked_dynamic_lpt", "short_masked
                "one_cta_kv3", "per_head_persistent", "per_head_dynamic"}
 
 
-def candidates(head_dim: int, causal: bool, seqlen: int,
+def candidates(head_dim: int, causal: bool, seqlen: int, dtype: str,
                names: set[str] | None = None) -> dict[str, FlashConfig]:
     """The variants of the point's default (``names``: only those, the default always; without
     names, every variant but ``MASKED_ONLY`` on unmasked points); a variant that is the default
     at this point (e.g. ``one_cta_lpt16`` at hd128 causal from 8k) is not timed twice. The
     default is the policy's at the length's bucket, as ``dispatch`` looks it up (which may
     still hand an unbalanced static walk to the counter), unmasked row blocks paired in
-    clusters where ``dispatch`` pairs them. A variant the head dim cannot build (e.g. a second
-    Q buffer where shared memory has no room for it) is left out."""
-    default = default_for("sm_90a", head_dim, causal, seqlen=seqlen_bucket(seqlen))
+    clusters where ``dispatch`` pairs them, with its dtype's knobs (until the sixtieth session
+    the fp16 points ran bf16's default and variants, without fp16's ``try_wait_first``). A
+    variant the head dim cannot build (e.g. a second Q buffer where shared memory has no room
+    for it) is left out."""
+    default = default_for("sm_90a", head_dim, causal, dtype, seqlen=seqlen_bucket(seqlen))
     if not causal:
         default = paired_row_blocks(default, head_dim, seqlen)
     return _variants_of(default, head_dim, causal, names,
@@ -295,13 +302,14 @@ def main() -> None:
               for causal in masks for n in seqlens]
     kernel_cache.warm([ForwardSpec(cfg, "sm_90a", p.dtype, p.head_dim, p.causal)
                        for p in points
-                       for cfg in candidates(p.head_dim, p.causal, p.seqlen_q, names).values()],
+                       for cfg in candidates(p.head_dim, p.causal, p.seqlen_q, p.dtype,
+                                             names).values()],
                       jobs=16)
     peers = {name: fn for name, fn in available_peers().items()
              if name in ("sdpa_flash", "sdpa_cudnn", "fa4")}
     rows = []
     for point in points:
-        configs = candidates(point.head_dim, point.causal, point.seqlen_q, names)
+        configs = candidates(point.head_dim, point.causal, point.seqlen_q, point.dtype, names)
         impls = {**peers, **{name: attnlab_impl(cfg) for name, cfg in configs.items()}}
         results = measure_point(point, impls, runs=args.runs)
         row = {"point": point.label(), "configs": {n: c.short_name() for n, c in configs.items()}}

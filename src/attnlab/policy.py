@@ -337,9 +337,10 @@ _BAND_MAX_WIDTH = {96: 1024}
 #: 16k tokens of 8 heads bf16 764 (784) -> 762 (786), fp16 734 (755) -> 735 (751)).
 #: From there hd128 and hd256 deal their last two waves out as runs of K/V blocks
 #: (``split_tail``; sixtieth session, H200, 16k tokens, end to end (device only), default ->
-#: split): bf16 hd128 8k 678 (703) -> 686 (716), 16k 695 (710) -> 706 (721); hd256 8k 751
-#: (785) -> 758 (803), 16k 777 (806) -> 793 (809); fp16 hd128 8k 655 (680) -> 657 (681), 16k
-#: 671 (680) -> 670 (682); hd256 8k 721 (765) -> 729 (780), 16k 731 (774) -> 742 (793). Shorter
+#: split; fp16 hd128 without its ``try_wait_first`` in either arm): bf16 hd128 8k 678 (703) ->
+#: 686 (716), 16k 695 (710) -> 706 (721); hd256 8k 751 (785) -> 758 (803), 16k 777 (806) -> 793
+#: (809); fp16 hd128 8k 655 (680) -> 657 (681), 16k 671 (680) -> 670 (682); hd256 8k 721 (765)
+#: -> 729 (780), 16k 731 (774) -> 742 (793). Shorter
 #: tiles pay more for a piece's start and merge: end to end 2k -0.2 to -1.9 %, 4k -0.5 to +0.9 %
 #: (device only +0.4 to +1.5 %).
 _SPLIT_TAIL = {"split_tail": True}
