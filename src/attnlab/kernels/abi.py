@@ -551,18 +551,22 @@ def _fake_row_stats(varlen: bool, padded: bool = False):
 
 def _fake_scratch():
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
 
-    return make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,), assumed_align=16)
+    return _fake_vector(cutlass.Float32, 16)
 
 
 def _fake_cu_seqlens():
     import cutlass
+
+    return _fake_vector(cutlass.Int32, 4)
+
+
+def _fake_vector(dtype, align: int):
+    """A symbolic contiguous 1-D tensor of ``dtype`` whose base is ``align``-byte aligned."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=align)
 
 
 def fake_backward_args(spec: BackwardSpec) -> BackwardArgs:
